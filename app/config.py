@@ -1,0 +1,193 @@
+"""One typed configuration object, read once from the environment (prefix ``SCHEDULER_``) and ``.env``.
+
+Everything else receives a :class:`Settings`; nothing reads the environment on its own.
+A wrong value fails at start-up with :class:`~app.errors.ConfigError` naming the variable,
+and a database password never appears in any message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import socket
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from app.errors import ConfigError
+
+PREFIX = "SCHEDULER_"
+
+# Driver names users may write, mapped to the async driver slotcron uses.
+_DRIVERS = {
+    "sqlite": "sqlite+aiosqlite",
+    "sqlite+aiosqlite": "sqlite+aiosqlite",
+    "postgres": "postgresql+asyncpg",
+    "postgresql": "postgresql+asyncpg",
+    "postgresql+asyncpg": "postgresql+asyncpg",
+    "mysql": "mysql+aiomysql",
+    "mariadb": "mysql+aiomysql",
+    "mysql+aiomysql": "mysql+aiomysql",
+    "mariadb+aiomysql": "mysql+aiomysql",
+}
+
+
+def _default_instance_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def mask_url_text(text: str) -> str:
+    """Hide anything that looks like a password in a URL inside free text."""
+    return re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", text)
+
+
+class Settings(BaseSettings):
+    """Every ``SCHEDULER_*`` variable of the contract, typed and validated."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=PREFIX,
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        validate_default=True,
+    )
+
+    database_url: SecretStr = SecretStr("sqlite+aiosqlite:///./slotcron.db")
+    jobs: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    instance_id: str = Field(default_factory=_default_instance_id, min_length=1, max_length=200)
+    timezone: str = "UTC"
+    max_concurrency: int = Field(default=1000, gt=0)
+    pool_size: int = Field(default=10, gt=0)
+    lease_seconds: float = Field(default=60.0, gt=0)
+    heartbeat_seconds: float = Field(default=15.0, gt=0)
+    shutdown_drain_timeout: float = Field(default=30.0, ge=0)
+    shutdown_cancel_timeout: float = Field(default=10.0, ge=0)
+    http_host: str = "127.0.0.1"
+    http_port: int | None = Field(default=None, ge=0, le=65535)
+    admin_token: SecretStr | None = None
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    auto_migrate: bool | None = None
+    history_retention_days: float = Field(default=30, gt=0)
+
+    @field_validator("jobs", mode="before")
+    @classmethod
+    def _split_jobs(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("log_format", "log_level", mode="before")
+    @classmethod
+    def _normalise_case(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.lower() in ("text", "json"):
+            return value.lower()
+        if isinstance(value, str) and value.upper() in logging.getLevelNamesMapping():
+            return value.upper()
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown IANA time zone {value!r}") from None
+        return value
+
+    @field_validator("database_url", mode="after")
+    @classmethod
+    def _parse_url(cls, value: SecretStr) -> SecretStr:
+        raw = value.get_secret_value()
+        try:
+            url = make_url(raw)
+        except (ArgumentError, ValueError):
+            # An unparseable value is not echoed: it may be a password pasted in the wrong place.
+            raise ValueError(
+                "cannot parse the database URL (expected e.g. "
+                "postgresql+asyncpg://user:password@host:5432/dbname)"
+            ) from None
+        driver = _DRIVERS.get(url.drivername)
+        if driver is None:
+            raise ValueError(
+                f"unsupported database {url.drivername!r} in "
+                f"{url.render_as_string(hide_password=True)!r}; use sqlite+aiosqlite, "
+                "postgresql+asyncpg or mysql+aiomysql"
+            )
+        if driver != "sqlite+aiosqlite" and not url.host:
+            raise ValueError(
+                f"database URL {url.render_as_string(hide_password=True)!r} names no host"
+            )
+        return SecretStr(url.set(drivername=driver).render_as_string(hide_password=False))
+
+    @field_validator("heartbeat_seconds")
+    @classmethod
+    def _heartbeat_inside_lease(cls, value: float, info: ValidationInfo) -> float:
+        lease = info.data.get("lease_seconds")
+        if lease is not None and value >= lease:
+            raise ValueError(
+                f"must be shorter than SCHEDULER_LEASE_SECONDS ({lease:g}), "
+                "or leases lapse between heartbeats"
+            )
+        return value
+
+    @property
+    def url(self) -> URL:
+        """The database URL (with its password; never print it: use :attr:`safe_url`)."""
+        return make_url(self.database_url.get_secret_value())
+
+    @property
+    def safe_url(self) -> str:
+        return self.url.render_as_string(hide_password=True)
+
+    @property
+    def backend(self) -> str:
+        """``sqlite``, ``postgresql`` or ``mysql``."""
+        return self.url.get_backend_name()
+
+    @property
+    def migrate_on_start(self) -> bool:
+        if self.auto_migrate is not None:
+            return self.auto_migrate
+        return self.backend == "sqlite"
+
+
+def _unknown_variables(environ: dict[str, str]) -> list[str]:
+    known = {PREFIX + name.upper() for name in Settings.model_fields}
+    return sorted(key for key in environ if key.startswith(PREFIX) and key not in known)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read the environment (and ``.env``) once; raise :class:`ConfigError` on the first bad value.
+
+    A variable starting with ``SCHEDULER_`` that slotcron does not know is an error too: a typo
+    in a variable name must not silently leave the default in force.
+    """
+    environ = dict(os.environ)
+    if Path(".env").is_file():
+        for line in Path(".env").read_text(encoding="utf-8").splitlines():
+            key = line.split("=", 1)[0].strip().removeprefix("export ").strip()
+            if key.startswith(PREFIX):
+                environ.setdefault(key, "")
+    unknown = _unknown_variables(environ)
+    if unknown:
+        raise ConfigError(unknown[0], "unknown variable (is it misspelt?)")
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        loc = error["loc"][0] if error["loc"] else ""
+        variable = PREFIX + str(loc).upper() if loc else "configuration"
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if loc != "database_url" and loc and "input" in error and not isinstance(
+            error["input"], dict
+        ):
+            message += f" (got {error['input']!r})"
+        raise ConfigError(variable, mask_url_text(message)) from None

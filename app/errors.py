@@ -1,0 +1,46 @@
+"""The few named errors of slotcron, each raised in one kind of situation."""
+
+from __future__ import annotations
+
+
+class SlotcronError(Exception):
+    """Base of every error slotcron raises on purpose."""
+
+
+class InvalidJobError(SlotcronError, ValueError):
+    """A job definition is wrong; the message names the job and the offending field."""
+
+    def __init__(self, job: str, field: str, problem: str) -> None:
+        self.job = job
+        self.field = field
+        self.problem = problem
+        super().__init__(f"job {job!r}: {field}: {problem}")
+
+
+class ConfigError(SlotcronError):
+    """A configuration value is wrong; the message names the variable. Never holds a password."""
+
+    def __init__(self, variable: str, problem: str) -> None:
+        self.variable = variable
+        self.problem = problem
+        super().__init__(f"{variable}: {problem}")
+
+
+class UsageError(SlotcronError):
+    """A command was asked something it cannot do as asked (exit status 2)."""
+
+
+class Refused(SlotcronError):
+    """A command understood the request and refuses it for a stated reason (exit status 1)."""
+
+
+class SlotTaken(SlotcronError):
+    """A lost race: another claimer already holds this slot. An expected outcome, not a failure."""
+
+
+class RowBusy(SlotcronError):
+    """The job's row is locked by another claimer right now (the NOWAIT lock was not granted)."""
+
+
+class CheckpointError(SlotcronError, TypeError):
+    """`ctx.checkpoint()` was given a value that cannot be stored as JSON."""

@@ -1,0 +1,322 @@
+"""Registration: ``@cron`` and ``@every`` turn coroutines into jobs, validated at decoration time."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from app.errors import InvalidJobError
+from app.schedule import CronSchedule, IntervalSchedule, Schedule, normalise_cron
+
+MAX_NAME_LENGTH = 200
+OVERLAP = ("forbid", "allow")
+MISFIRE = ("skip", "once", "all")
+
+JobFunc = Callable[..., Awaitable[None]]
+F = TypeVar("F", bound=JobFunc)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A registered job. ``timezone`` and ``lease`` of ``None`` take the service's defaults."""
+
+    name: str
+    func: JobFunc
+    kind: Literal["cron", "interval"]
+    expression: str  # the cron expression as written, or the interval in seconds
+    timezone: str | None = None
+    overlap: str = "forbid"
+    misfire: str = "skip"
+    catchup_window: float = 3600.0
+    lease: float | None = None
+    timeout: float | None = None
+    max_attempts: int = 1
+    retry_backoff: float = 10.0
+    jitter: float = 0.0
+    restartable: bool = True
+    enabled: bool = True
+    takes_context: bool = field(default=False, compare=False)
+
+    @property
+    def trigger(self) -> str:
+        """The trigger recorded for this job's scheduled slots."""
+        return "cron" if self.kind == "cron" else "interval"
+
+    def schedule(self, default_timezone: str = "UTC") -> Schedule:
+        if self.kind == "cron":
+            return CronSchedule(self.expression, self.timezone or default_timezone)
+        return IntervalSchedule(timedelta(seconds=float(self.expression)))
+
+    def lease_seconds(self, default: float) -> float:
+        return self.lease if self.lease is not None else default
+
+    def options(self) -> dict[str, Any]:
+        """The options stored with the job's row, as JSON-friendly values."""
+        return {
+            "overlap": self.overlap,
+            "misfire": self.misfire,
+            "catchup_window": self.catchup_window,
+            "lease": self.lease,
+            "timeout": self.timeout,
+            "max_attempts": self.max_attempts,
+            "retry_backoff": self.retry_backoff,
+            "jitter": self.jitter,
+            "restartable": self.restartable,
+            "enabled": self.enabled,
+        }
+
+
+class Registry:
+    """The jobs one process knows, by name."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, Job] = {}
+
+    def add(self, job: Job) -> None:
+        if job.name in self._jobs:
+            raise InvalidJobError(job.name, "name", "a job is already registered under this name")
+        self._jobs[job.name] = job
+
+    def get(self, name: str) -> Job | None:
+        return self._jobs.get(name)
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter(self._jobs.values())
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def clear(self) -> None:
+        self._jobs.clear()
+
+
+REGISTRY = Registry()
+"""The process-wide registry that ``@cron`` and ``@every`` add to."""
+
+
+def _check_function(name: str, func: Any) -> bool:
+    """Refuse what is not ``async def f()`` or ``async def f(ctx)``; return whether it takes ctx."""
+    if not inspect.iscoroutinefunction(func):
+        kind = "an async generator" if inspect.isasyncgenfunction(func) else type(func).__name__
+        if callable(func) and not inspect.isasyncgenfunction(func):
+            kind = "a plain function"
+        raise InvalidJobError(name, "function", f"must be an 'async def' coroutine, got {kind}")
+    params = list(inspect.signature(func).parameters.values())
+    if len(params) > 1:
+        raise InvalidJobError(
+            name,
+            "signature",
+            f"takes {len(params)} parameters; a job takes none or one JobContext",
+        )
+    if params and params[0].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    ):
+        raise InvalidJobError(
+            name,
+            "signature",
+            f"parameter {params[0].name!r} must be positional; a job takes none or one JobContext",
+        )
+    return bool(params)
+
+
+def _check_number(name: str, option: str, value: Any, *, minimum: float, strict: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidJobError(name, option, f"must be a number of seconds, got {value!r}")
+    if value < minimum or (strict and value == minimum):
+        relation = "greater than" if strict else "at least"
+        raise InvalidJobError(name, option, f"must be {relation} {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def _build(
+    func: Any,
+    *,
+    kind: Literal["cron", "interval"],
+    expression: str,
+    name: str | None,
+    timezone: str | None,
+    overlap: str,
+    misfire: str,
+    catchup_window: float,
+    lease: float | None,
+    timeout: float | None,
+    max_attempts: int,
+    retry_backoff: float,
+    jitter: float,
+    restartable: bool,
+    enabled: bool,
+    registry: Registry | None,
+) -> Job:
+    default_name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
+    job_name = default_name if name is None else name
+    if not isinstance(job_name, str) or not job_name.strip():
+        raise InvalidJobError(str(job_name), "name", "must be a non-empty string")
+    if len(job_name) > MAX_NAME_LENGTH:
+        raise InvalidJobError(
+            job_name[:40] + "...",
+            "name",
+            f"is {len(job_name)} characters long; at most {MAX_NAME_LENGTH} allowed",
+        )
+    takes_context = _check_function(job_name, func)
+    if kind == "cron":
+        try:
+            normalise_cron(expression)
+        except ValueError as exc:
+            raise InvalidJobError(job_name, "schedule", str(exc)) from None
+    if timezone is not None:
+        try:
+            ZoneInfo(timezone)
+        except (ZoneInfoNotFoundError, ValueError, TypeError):
+            raise InvalidJobError(
+                job_name, "timezone", f"unknown IANA time zone {timezone!r}"
+            ) from None
+    if overlap not in OVERLAP:
+        raise InvalidJobError(job_name, "overlap", f"must be one of {OVERLAP}, got {overlap!r}")
+    if misfire not in MISFIRE:
+        raise InvalidJobError(job_name, "misfire", f"must be one of {MISFIRE}, got {misfire!r}")
+    catchup = _check_number(job_name, "catchup_window", catchup_window, minimum=0, strict=False)
+    lease_s = None if lease is None else _check_number(job_name, "lease", lease, minimum=0, strict=True)
+    timeout_s = (
+        None if timeout is None else _check_number(job_name, "timeout", timeout, minimum=0, strict=True)
+    )
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise InvalidJobError(
+            job_name, "max_attempts", f"must be a whole number of at least 1, got {max_attempts!r}"
+        )
+    backoff = _check_number(job_name, "retry_backoff", retry_backoff, minimum=0, strict=False)
+    jitter_s = _check_number(job_name, "jitter", jitter, minimum=0, strict=False)
+    for option, value in (("restartable", restartable), ("enabled", enabled)):
+        if not isinstance(value, bool):
+            raise InvalidJobError(job_name, option, f"must be True or False, got {value!r}")
+    job = Job(
+        name=job_name,
+        func=func,
+        kind=kind,
+        expression=expression,
+        timezone=timezone,
+        overlap=overlap,
+        misfire=misfire,
+        catchup_window=catchup,
+        lease=lease_s,
+        timeout=timeout_s,
+        max_attempts=max_attempts,
+        retry_backoff=backoff,
+        jitter=jitter_s,
+        restartable=restartable,
+        enabled=enabled,
+        takes_context=takes_context,
+    )
+    (REGISTRY if registry is None else registry).add(job)
+    return job
+
+
+def cron(
+    expression: str,
+    *,
+    name: str | None = None,
+    timezone: str | None = None,
+    overlap: str = "forbid",
+    misfire: str = "skip",
+    catchup_window: float = 3600,
+    lease: float | None = None,
+    timeout: float | None = None,
+    max_attempts: int = 1,
+    retry_backoff: float = 10,
+    jitter: float = 0,
+    restartable: bool = True,
+    enabled: bool = True,
+    registry: Registry | None = None,
+) -> Callable[[F], F]:
+    """Register an ``async def`` as a cron job.
+
+    Five fields have minute precision; six fields put SECONDS FIRST (Spring/Quartz order).
+    ``@yearly @monthly @weekly @daily @hourly`` work. Raises :class:`InvalidJobError` at
+    decoration time for anything wrong, naming the job and the field.
+    """
+    if not isinstance(expression, str):
+        raise InvalidJobError(
+            str(name or "?"), "schedule", f"must be a cron expression string, got {expression!r}"
+        )
+
+    def decorate(func: F) -> F:
+        _build(
+            func,
+            kind="cron",
+            expression=expression,
+            name=name,
+            timezone=timezone,
+            overlap=overlap,
+            misfire=misfire,
+            catchup_window=catchup_window,
+            lease=lease,
+            timeout=timeout,
+            max_attempts=max_attempts,
+            retry_backoff=retry_backoff,
+            jitter=jitter,
+            restartable=restartable,
+            enabled=enabled,
+            registry=registry,
+        )
+        return func
+
+    return decorate
+
+
+def every(
+    *,
+    seconds: float = 0,
+    minutes: float = 0,
+    hours: float = 0,
+    days: float = 0,
+    name: str | None = None,
+    overlap: str = "forbid",
+    misfire: str = "skip",
+    catchup_window: float = 3600,
+    lease: float | None = None,
+    timeout: float | None = None,
+    max_attempts: int = 1,
+    retry_backoff: float = 10,
+    jitter: float = 0,
+    restartable: bool = True,
+    enabled: bool = True,
+    registry: Registry | None = None,
+) -> Callable[[F], F]:
+    """Register an ``async def`` to run at a fixed rate; slots are aligned to the Unix epoch."""
+
+    def decorate(func: F) -> F:
+        label = name or f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', '?')}"
+        parts = {"seconds": seconds, "minutes": minutes, "hours": hours, "days": days}
+        for unit, value in parts.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidJobError(label, unit, f"must be a number, got {value!r}")
+        total = timedelta(**parts).total_seconds()
+        if total <= 0:
+            raise InvalidJobError(label, "interval", f"must be positive, got {total:g} seconds")
+        if total < 0.001:
+            raise InvalidJobError(label, "interval", f"must be at least 1 ms, got {total:g} s")
+        _build(
+            func,
+            kind="interval",
+            expression=f"{total:g}",
+            name=name,
+            timezone=None,
+            overlap=overlap,
+            misfire=misfire,
+            catchup_window=catchup_window,
+            lease=lease,
+            timeout=timeout,
+            max_attempts=max_attempts,
+            retry_backoff=retry_backoff,
+            jitter=jitter,
+            restartable=restartable,
+            enabled=enabled,
+            registry=registry,
+        )
+        return func
+
+    return decorate

@@ -1,0 +1,149 @@
+"""Slot computation: the instants at which a job is due, as aware UTC datetimes.
+
+Cron expressions are evaluated on naive *wall-clock* times of the job's time zone, and each
+wall time is then placed on the UTC line by us, not by croniter (croniter 7 returns a
+fall-back wall time twice). The contract's DST rules follow from that:
+
+- a wall time that occurs twice (fall-back) is one slot, at its first occurrence;
+- a wall time that does not exist (spring-forward gap) is one slot, at the transition instant;
+  several skipped wall times of one gap collapse into that one slot.
+
+Interval schedules are aligned to the Unix epoch: slot ``k`` is ``epoch + k * interval``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+from zoneinfo import ZoneInfo
+
+from croniter import croniter
+
+ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class Schedule(Protocol):
+    """What the scheduler needs of a schedule."""
+
+    def next_after(self, moment: datetime) -> datetime:
+        """The first slot strictly after ``moment`` (aware), as aware UTC."""
+        ...
+
+    def describe(self) -> str: ...
+
+
+def normalise_cron(expression: str) -> tuple[str, bool]:
+    """Return ``(expression, seconds_first)``; raise ``ValueError`` if it is not a valid cron.
+
+    Five fields have minute precision; six fields put SECONDS FIRST (Spring/Quartz order).
+    """
+    text = " ".join(expression.split())
+    text = ALIASES.get(text.lower(), text)
+    if text.startswith("@"):
+        raise ValueError(f"unknown alias {expression!r} (known: {', '.join(ALIASES)})")
+    fields = text.split(" ")
+    if len(fields) not in (5, 6):
+        raise ValueError(
+            f"{expression!r} has {len(fields)} fields; expected 5 (minute hour day month weekday) "
+            "or 6 (second minute hour day month weekday)"
+        )
+    seconds_first = len(fields) == 6
+    try:
+        croniter(text, datetime(2000, 1, 1), second_at_beginning=seconds_first)
+        # Some impossible expressions (30 February) only fail when iterated.
+        croniter(text, datetime(2000, 1, 1), second_at_beginning=seconds_first).get_next(
+            datetime
+        )
+    except Exception as exc:  # croniter raises several unrelated types for bad input
+        raise ValueError(f"invalid cron expression {expression!r}: {exc}") from None
+    return text, seconds_first
+
+
+@dataclass(frozen=True)
+class CronSchedule:
+    expression: str
+    timezone: str
+
+    def __post_init__(self) -> None:
+        text, seconds_first = normalise_cron(self.expression)
+        object.__setattr__(self, "_text", text)
+        object.__setattr__(self, "_seconds_first", seconds_first)
+        object.__setattr__(self, "_zone", ZoneInfo(self.timezone))
+
+    def describe(self) -> str:
+        return self.expression
+
+    def next_after(self, moment: datetime) -> datetime:
+        return next(self._slots_after(moment))
+
+    def _slots_after(self, moment: datetime) -> Iterator[datetime]:
+        zone: ZoneInfo = self._zone  # type: ignore[attr-defined]
+        moment = moment.astimezone(UTC)
+        # Starting at the wall time of ``moment`` misses nothing: an earlier wall time could only
+        # map after ``moment`` as a second occurrence, which the fall-back rule excludes. In the
+        # second pass of a fall-back hour, candidates map to the first pass and are filtered.
+        wall = moment.astimezone(zone).replace(tzinfo=None, microsecond=0)
+        cron = croniter(self._text, wall, second_at_beginning=self._seconds_first)  # type: ignore[attr-defined]
+        while True:
+            candidate: datetime = cron.get_next(datetime)
+            slot = wall_to_utc(candidate, zone)
+            if slot > moment:
+                yield slot
+
+
+def wall_to_utc(wall: datetime, zone: ZoneInfo) -> datetime:
+    """Place a naive wall time of ``zone`` on the UTC line by the contract's DST rules."""
+    first = wall.replace(tzinfo=zone, fold=0)
+    utc_first = first.astimezone(UTC)
+    if utc_first.astimezone(zone).replace(tzinfo=None) == wall:
+        return utc_first  # exists (if it exists twice, fold=0 is the first occurrence)
+    # The wall time falls in a gap: the slot is the transition, the first instant whose wall
+    # time is at or after it. fold=1 maps before the gap, fold=0 after it; bisect between.
+    low = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
+    high = utc_first
+    if low > high:
+        low, high = high, low
+    while high - low > timedelta(microseconds=1):
+        middle = low + (high - low) / 2
+        if middle.astimezone(zone).replace(tzinfo=None) >= wall:
+            high = middle
+        else:
+            low = middle
+    # Transitions fall on whole seconds in every real zone.
+    return high.replace(microsecond=0) if high.microsecond else high
+
+
+@dataclass(frozen=True)
+class IntervalSchedule:
+    interval: timedelta
+
+    def describe(self) -> str:
+        return f"every {self.interval.total_seconds():g}s"
+
+    def next_after(self, moment: datetime) -> datetime:
+        step = _micros(self.interval)
+        elapsed = _micros(moment.astimezone(UTC) - EPOCH)
+        return EPOCH + timedelta(microseconds=(elapsed // step + 1) * step)
+
+
+def _micros(delta: timedelta) -> int:
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def slots_between(schedule: Schedule, after: datetime, until: datetime) -> Iterator[datetime]:
+    """Every slot ``s`` with ``after < s <= until``, in order."""
+    slot = schedule.next_after(after)
+    while slot <= until:
+        yield slot
+        slot = schedule.next_after(slot)

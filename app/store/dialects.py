@@ -1,0 +1,138 @@
+"""Every difference between PostgreSQL, MariaDB/MySQL and SQLite, behind one small object.
+
+No ``if dialect == ...`` lives outside this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Table, text
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.dml import Insert
+
+
+class Dialect:
+    """What slotcron needs to know about one database family."""
+
+    name = "base"
+    # The database's clock, sampled for guarantee 5; None: the database has no clock of its own.
+    now_sql: str | None = None
+
+    def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
+        return {
+            "pool_size": pool_size,
+            "max_overflow": pool_size,
+            "pool_pre_ping": True,
+            "pool_recycle": 1800,
+        }
+
+    def is_lock_unavailable(self, exc: BaseException) -> bool:
+        """True when ``exc`` says the NOWAIT row lock (or a deadlock victim's) was refused."""
+        return False
+
+    def is_connection_lost(self, exc: BaseException) -> bool:
+        return isinstance(exc, DBAPIError) and exc.connection_invalidated
+
+    def upsert(self, table: Table, rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
+               update: Sequence[str]) -> Insert:
+        raise NotImplementedError
+
+    async def migration_lock(self, conn: AsyncConnection) -> None:
+        """Serialise concurrent ``migrate`` runs from several instances starting at once."""
+
+    def parse_now(self, value: Any) -> datetime:
+        if isinstance(value, datetime):
+            return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        raise TypeError(f"unexpected clock value {value!r}")
+
+
+class PostgreSQL(Dialect):
+    name = "postgresql"
+    now_sql = "SELECT clock_timestamp()"
+    _LOCK_CODES = frozenset({"55P03", "40P01", "40001"})
+
+    def is_lock_unavailable(self, exc: BaseException) -> bool:
+        code = getattr(getattr(exc, "orig", None), "sqlstate", None) or getattr(
+            getattr(exc, "orig", None), "pgcode", None
+        )
+        return code in self._LOCK_CODES
+
+    def upsert(self, table: Table, rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
+               update: Sequence[str]) -> Insert:
+        stmt = postgresql.insert(table).values(list(rows))
+        return stmt.on_conflict_do_update(
+            index_elements=list(keys), set_={c: stmt.excluded[c] for c in update}
+        )
+
+    async def migration_lock(self, conn: AsyncConnection) -> None:
+        await conn.execute(text("SELECT pg_advisory_xact_lock(7301991)"))
+
+
+class MySQL(Dialect):
+    """MariaDB 10.3+ and MySQL 8: ``FOR UPDATE NOWAIT``, ``DATETIME(6)`` read as UTC."""
+
+    name = "mysql"
+    now_sql = "SELECT UTC_TIMESTAMP(6)"
+    # 3572: MySQL's NOWAIT refusal; 1205: MariaDB's (lock wait timeout); 1213: deadlock victim.
+    _LOCK_CODES = frozenset({3572, 1205, 1213})
+
+    def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
+        options = super().engine_options(url, pool_size)
+        # Read committed: the overlap check must see runs committed after this transaction began.
+        options["isolation_level"] = "READ COMMITTED"
+        options["connect_args"] = {"init_command": "SET time_zone = '+00:00'"}
+        return options
+
+    def is_lock_unavailable(self, exc: BaseException) -> bool:
+        args = getattr(getattr(exc, "orig", None), "args", ())
+        return bool(args) and args[0] in self._LOCK_CODES
+
+    def upsert(self, table: Table, rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
+               update: Sequence[str]) -> Insert:
+        stmt = mysql.insert(table).values(list(rows))
+        return stmt.on_duplicate_key_update({c: stmt.inserted[c] for c in update})
+
+    async def migration_lock(self, conn: AsyncConnection) -> None:
+        await conn.execute(text("SELECT GET_LOCK('slotcron_migrate', 60)"))
+
+
+class SQLite(Dialect):
+    """No row locks: ``BEGIN IMMEDIATE`` with no busy wait is the claim's NOWAIT.
+
+    Other transactions wait up to :attr:`busy_ms` for the write lock. WAL lets readers go on
+    while one writer holds it. Several processes on one machine can share the file.
+    """
+
+    name = "sqlite"
+    busy_ms = 5000
+
+    def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
+        return {"pool_size": pool_size, "max_overflow": pool_size}
+
+    def is_lock_unavailable(self, exc: BaseException) -> bool:
+        message = str(getattr(exc, "orig", exc)).lower()
+        return "database is locked" in message or "database is busy" in message
+
+    def upsert(self, table: Table, rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
+               update: Sequence[str]) -> Insert:
+        stmt = sqlite.insert(table).values(list(rows))
+        return stmt.on_conflict_do_update(
+            index_elements=list(keys), set_={c: stmt.excluded[c] for c in update}
+        )
+
+
+def dialect_for(url: URL) -> Dialect:
+    backend = url.get_backend_name()
+    if backend == "postgresql":
+        return PostgreSQL()
+    if backend in ("mysql", "mariadb"):
+        return MySQL()
+    if backend == "sqlite":
+        return SQLite()
+    raise ValueError(f"unsupported database backend {backend!r}")

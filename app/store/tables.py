@@ -1,0 +1,121 @@
+"""The three tables, defined once. The Alembic migrations create them; this is what queries use."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects import mysql, postgresql
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC in Python; ``timestamptz`` on PostgreSQL, ``DATETIME(6)`` holding UTC elsewhere."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(postgresql.TIMESTAMP(timezone=True))
+        if dialect.name in ("mysql", "mariadb"):
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return dialect.type_descriptor(DateTime())
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r} given to a UTC column")
+        value = value.astimezone(UTC)
+        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY.
+ID = BigInteger().with_variant(Integer(), "sqlite")
+
+metadata = MetaData()
+
+jobs = Table(
+    "scheduler_jobs",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("kind", String(16), nullable=False),
+    Column("schedule", String(200), nullable=False),
+    Column("timezone", String(64), nullable=False),
+    Column("options", JSON, nullable=False),
+    Column("paused", Boolean, nullable=False, default=False),
+    Column("paused_reason", String(400), nullable=True),
+    # Permanent high-water mark of the cron/interval trigger: a slot at or before it is closed,
+    # even after its history row is pruned.
+    Column("last_slot_at", UTCDateTime(), nullable=True),
+    Column("registered_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Column("updated_by", String(200), nullable=True),
+    Column("version", String(32), nullable=True),
+)
+
+executions = Table(
+    "scheduler_executions",
+    metadata,
+    Column("id", ID, primary_key=True, autoincrement=True),
+    Column("job_name", String(200), nullable=False),
+    Column("scheduled_at", UTCDateTime(), nullable=False),
+    Column("trigger", String(16), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("attempt", Integer, nullable=False, default=1),
+    Column("instance_id", String(200), nullable=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("available_at", UTCDateTime(), nullable=True),
+    Column("started_at", UTCDateTime(), nullable=True),
+    Column("heartbeat_at", UTCDateTime(), nullable=True),
+    Column("lease_until", UTCDateTime(), nullable=True),
+    Column("lease_seconds", Float, nullable=True),
+    Column("finished_at", UTCDateTime(), nullable=True),
+    # Why a run failed (with traceback), or why a slot was SKIPPED, MISSED, STOPPED, ABANDONED.
+    Column("error", Text, nullable=True),
+    Column("params", JSON, nullable=True),
+    Column("state", JSON, nullable=True),
+    UniqueConstraint("job_name", "scheduled_at", "attempt", name="uq_scheduler_executions_slot"),
+    Index("ix_scheduler_executions_instance_status", "instance_id", "status"),
+    Index("ix_scheduler_executions_status_lease", "status", "lease_until"),
+    Index("ix_scheduler_executions_job_id", "job_name", "id"),
+    Index("ix_scheduler_executions_created", "created_at"),
+)
+
+instances = Table(
+    "scheduler_instances",
+    metadata,
+    Column("instance_id", String(200), primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("version", String(32), nullable=False),
+    Column("started_at", UTCDateTime(), nullable=False),
+    Column("heartbeat_at", UTCDateTime(), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("is_leader", Boolean, nullable=False, default=False),
+    Column("leader_until", UTCDateTime(), nullable=True),
+)
