@@ -12,6 +12,8 @@ from app.store.dialects import Dialect, SQLite, dialect_for
 
 NOWAIT = "slotcron_nowait"
 """Connection execution option: on SQLite, begin without waiting for the write lock."""
+READ_ONLY = "slotcron_read_only"
+"""Connection execution option: on SQLite, a deferred BEGIN that takes no write lock."""
 
 
 def make_engine(url: URL, pool_size: int = 10) -> tuple[AsyncEngine, Dialect]:
@@ -38,4 +40,5 @@ def _configure_sqlite(engine: AsyncEngine, dialect: SQLite) -> None:
     def _on_begin(conn: Any) -> None:
         wait = 0 if conn.get_execution_options().get(NOWAIT) else dialect.busy_ms
         conn.exec_driver_sql(f"PRAGMA busy_timeout = {wait}")
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        options = conn.get_execution_options()
+        conn.exec_driver_sql("BEGIN" if options.get(READ_ONLY) else "BEGIN IMMEDIATE")

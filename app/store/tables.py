@@ -11,7 +11,6 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
-    Float,
     Index,
     Integer,
     MetaData,
@@ -93,7 +92,7 @@ executions = Table(
     Column("started_at", UTCDateTime(), nullable=True),
     Column("heartbeat_at", UTCDateTime(), nullable=True),
     Column("lease_until", UTCDateTime(), nullable=True),
-    Column("lease_seconds", Float, nullable=True),
+    Column("lease_ms", Integer, nullable=True),
     Column("finished_at", UTCDateTime(), nullable=True),
     # Why a run failed (with traceback), or why a slot was SKIPPED, MISSED, STOPPED, ABANDONED.
     Column("error", Text, nullable=True),

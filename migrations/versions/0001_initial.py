@@ -57,7 +57,7 @@ def upgrade() -> None:
         sa.Column("started_at", UTC_TS, nullable=True),
         sa.Column("heartbeat_at", UTC_TS, nullable=True),
         sa.Column("lease_until", UTC_TS, nullable=True),
-        sa.Column("lease_seconds", sa.Float(), nullable=True),
+        sa.Column("lease_ms", sa.Integer(), nullable=True),
         sa.Column("finished_at", UTC_TS, nullable=True),
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("params", sa.JSON(), nullable=True),

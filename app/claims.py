@@ -1,0 +1,110 @@
+"""Claiming a slot, with the patience the NOWAIT lock needs.
+
+A busy row is not a lost slot: someone else is claiming this job right now. We back off a few
+milliseconds and re-read; if the slot is still open we try again, up to :data:`BUSY_DEADLINE`.
+A database outage is retried with backoff and logged once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+from datetime import datetime
+
+from app.clock import Clock
+from app.errors import RowBusy, SlotTaken
+from app.outage import DB_ERRORS, Outage
+from app.registry import Job
+from app.store import claims as claim_store
+from app.store.claims import Claim
+from app.store.database import Database
+
+log = logging.getLogger("slotcron.claims")
+
+BUSY_DEADLINE = 30.0
+"""Seconds a claimer keeps retrying a busy row before leaving the slot to the misfire policy."""
+
+
+@dataclass
+class ClaimStats:
+    claims: int = 0
+    taken: int = 0
+    busy_retries: int = 0
+    gave_up: int = 0
+
+
+class Claimer:
+    def __init__(
+        self,
+        *,
+        db: Database,
+        clock: Clock,
+        instance_id: str,
+        default_lease: float,
+        outage: Outage,
+    ) -> None:
+        self.db = db
+        self.clock = clock
+        self.instance_id = instance_id
+        self.default_lease = default_lease
+        self.outage = outage
+        self.stats = ClaimStats()
+        self.closing = False
+
+    async def claim(
+        self, job: Job, slot: datetime, *, trigger: str, missed_reason: str | None = None
+    ) -> Claim | None:
+        """The slot's record if this instance decided its fate, or None if another did (or it
+        could not be claimed before the deadline, or this instance is shutting down)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + BUSY_DEADLINE
+        busy = 0
+        delay = 0.05
+        while not self.closing:
+            try:
+                claim = await claim_store.claim_slot(
+                    self.db,
+                    job_name=job.name,
+                    slot=slot,
+                    trigger=trigger,
+                    instance_id=self.instance_id,
+                    now=self.clock.now(),
+                    lease_ms=round(job.lease_seconds(self.default_lease) * 1000),
+                    forbid_overlap=job.overlap == "forbid",
+                    missed_reason=missed_reason,
+                )
+            except SlotTaken:
+                self.outage.recovered()
+                self.stats.taken += 1
+                return None
+            except RowBusy:
+                self.outage.recovered()
+                busy += 1
+                self.stats.busy_retries += 1
+                if loop.time() > deadline:
+                    break
+                await asyncio.sleep(random.uniform(0.001, 0.004) * min(busy, 8))
+                continue
+            except DB_ERRORS as exc:
+                self.outage.failed(exc, f"claiming {job.name}")
+                if loop.time() > deadline:
+                    break
+                await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, 2.0)
+                continue
+            self.outage.recovered()
+            self.stats.claims += 1
+            return claim
+        if not self.closing:
+            self.stats.gave_up += 1
+            log.warning(
+                "could not claim %s slot %s within %.0f s (%d busy retries); the misfire policy "
+                "accounts for it",
+                job.name,
+                slot.isoformat(),
+                BUSY_DEADLINE,
+                busy,
+            )
+        return None

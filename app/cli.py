@@ -1,0 +1,265 @@
+"""The command line: ``slotcron`` (identical to ``python -m app``).
+
+Exit status: 0 done, 1 refused (or the database could not be reached), 2 bad usage or
+configuration. Errors are one line on stderr; no password ever appears.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import re
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, NoReturn
+
+from app import logs
+from app.config import Settings, load_settings
+from app.errors import ConfigError, InvalidJobError, Refused, UsageError
+from app.outage import DB_ERRORS, describe
+from app.registry import REGISTRY, Job
+from app.version import __version__
+
+STATUSES = ("QUEUED", "RUNNING", "COMPLETED", "FAILED", "SKIPPED", "MISSED", "STOPPED", "ABANDONED")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"slotcron: error: {message}\n")
+
+
+def iso(value: datetime | None) -> str | None:
+    """ISO-8601 UTC with a ``Z``; microseconds only when there are any."""
+    if value is None:
+        return None
+    text = value.astimezone(UTC).isoformat()
+    return text.replace("+00:00", "Z")
+
+
+def _parse_since(text: str) -> datetime:
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd])", text.strip())
+    if match:
+        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match.group(2)]
+        return datetime.now(UTC) - timedelta(**{unit: float(match.group(1))})
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--since {text!r}: expected an ISO-8601 time or a duration like 30m, 2h, 7d"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _status(text: str) -> str:
+    value = text.upper()
+    if value not in STATUSES:
+        raise argparse.ArgumentTypeError(f"unknown status {text!r}; one of {', '.join(STATUSES)}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="slotcron", description="Cluster cron: every slot runs exactly once.")
+    parser.add_argument("--version", action="version", version=f"slotcron {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    run = commands.add_parser("run", help="run the service until SIGTERM/SIGINT")
+    run.add_argument("--jobs", nargs="+", action="extend", default=[], metavar="MOD",
+                     help="modules to import for jobs (added to SCHEDULER_JOBS)")
+
+    migrate = commands.add_parser("migrate", help="apply the database migrations")
+    migrate.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
+
+    check = commands.add_parser("check", help="validate configuration and jobs; show next slots")
+    check.add_argument("--jobs", nargs="+", action="extend", default=[], metavar="MOD")
+
+    history = commands.add_parser("history", help="executions, newest first")
+    history.add_argument("job", nargs="?", metavar="JOB")
+    history.add_argument("--status", type=_status)
+    history.add_argument("--since", type=_parse_since, metavar="WHEN",
+                         help="ISO-8601 time, or a duration back from now: 30m, 2h, 7d")
+    history.add_argument("--limit", type=_positive_int, default=50)
+    history.add_argument("--json", action="store_true", help="print one JSON array")
+    return parser
+
+
+def import_jobs(modules: Sequence[str]) -> list[Job]:
+    """Import job modules (from the working directory too) and return the registered jobs."""
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    for module in dict.fromkeys(modules):
+        try:
+            importlib.import_module(module)
+        except InvalidJobError:
+            raise
+        except ModuleNotFoundError as exc:
+            raise UsageError(f"--jobs/SCHEDULER_JOBS: cannot import {module!r}: {exc}") from None
+        except Exception as exc:
+            raise UsageError(
+                f"--jobs/SCHEDULER_JOBS: importing {module!r} failed: {type(exc).__name__}: {exc}"
+            ) from None
+    return list(REGISTRY)
+
+
+def _run_async(coro: Coroutine[Any, Any, Any]) -> Any:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
+def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
+    from app.service import Service
+
+    jobs = import_jobs([*settings.jobs, *args.jobs])
+    if not jobs:
+        logging.getLogger("slotcron").warning(
+            "no jobs registered: pass --jobs MODULE or set SCHEDULER_JOBS"
+        )
+    _run_async(Service(settings, jobs).run())
+    return 0
+
+
+def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
+    from app.store import migrate
+
+    if args.sql:
+        sys.stdout.write(migrate.upgrade_sql(settings.url))
+        return 0
+
+    async def go() -> tuple[str | None, str | None]:
+        from app.store.database import Database
+
+        db = Database.connect(settings.url, 1)
+        try:
+            return await migrate.upgrade(db.engine, db.dialect)
+        finally:
+            await db.close()
+
+    before, after = _run_async(go())
+    if before == after:
+        print(f"database already at revision {after}; nothing to do")
+    else:
+        print(f"database migrated from {before or 'empty'} to revision {after}")
+    return 0
+
+
+def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
+    jobs = import_jobs([*settings.jobs, *args.jobs])
+    print(f"configuration ok: database {settings.safe_url}, {len(jobs)} jobs")
+    now = datetime.now(UTC)
+    for job in jobs:
+        schedule = job.schedule(settings.timezone)
+        zone = job.timezone or settings.timezone if job.kind == "cron" else "UTC"
+        state = "" if job.enabled else " (disabled)"
+        print(f"{job.name}  {schedule.describe()}  {zone}{state}")
+        slot = now
+        for _ in range(5):
+            slot = schedule.next_after(slot)
+            print(f"  {iso(slot)}")
+    return 0
+
+
+def _history_record(record: Any) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "job": record.job,
+        "scheduled_at": iso(record.scheduled_at),
+        "trigger": record.trigger,
+        "status": record.status,
+        "attempt": record.attempt,
+        "instance_id": record.instance_id,
+        "started_at": iso(record.started_at),
+        "finished_at": iso(record.finished_at),
+        "duration_ms": record.duration_ms,
+        "heartbeat_at": iso(record.heartbeat_at),
+        "lease_until": iso(record.lease_until),
+        "error": record.error,
+        "params": record.params,
+        "state": record.state,
+    }
+
+
+def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
+    from app.store.database import Database
+    from app.store.history import list_executions
+
+    async def go() -> list[Any]:
+        db = Database.connect(settings.url, 1)
+        try:
+            return await list_executions(
+                db, job=args.job, status=args.status, since=args.since, limit=args.limit
+            )
+        finally:
+            await db.close()
+
+    records = _run_async(go())
+    if args.json:
+        print(json.dumps([_history_record(r) for r in records], indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("ID", "JOB", "SLOT (UTC)", "TRIGGER", "STATUS", "TRY", "INSTANCE", "TOOK",
+                   "ERROR"):
+        table.add_column(column, overflow="fold" if column == "ERROR" else "ellipsis")
+    for r in records:
+        took = f"{r.duration_ms / 1000:.2f}s" if r.duration_ms is not None else ""
+        first_error = (r.error or "").strip().splitlines()
+        table.add_row(
+            str(r.id), r.job, iso(r.scheduled_at), r.trigger, r.status, str(r.attempt),
+            r.instance_id or "", took, first_error[-1] if first_error else "",
+        )
+    Console(width=max(Console().width, 160)).print(table)
+    if not records:
+        print("no executions match")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
+    "run": cmd_run,
+    "migrate": cmd_migrate,
+    "check": cmd_check,
+    "history": cmd_history,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings()
+        logs.configure(settings.log_level, settings.log_format)
+        return COMMANDS[args.command](settings, args)
+    except ConfigError as exc:
+        print(f"slotcron: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except (InvalidJobError, UsageError) as exc:
+        print(f"slotcron: error: {exc}", file=sys.stderr)
+        return 2
+    except Refused as exc:
+        print(f"slotcron: refused: {exc}", file=sys.stderr)
+        return 1
+    except DB_ERRORS as exc:
+        print(f"slotcron: database error: {describe(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,111 @@
+"""Time is a dependency: the scheduler asks a clock, never ``datetime.now()``.
+
+In production the clock is the database's (guarantee 5): each instance measures its offset to
+the database clock, round-trip compensated, and refreshes it every minute. Tests use
+:class:`ManualClock` to move time instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> datetime:
+        """Aware UTC."""
+        ...
+
+    async def sleep_until(self, when: datetime) -> None:
+        """Return at ``when`` or later, never earlier (by this clock)."""
+        ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    """This machine's clock plus a measured offset to the reference (the database)."""
+
+    def __init__(self, offset: timedelta = timedelta(0)) -> None:
+        self.offset = offset
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(seconds, 0))
+
+    async def sleep_until(self, when: datetime) -> None:
+        # Re-check after each wake: the offset may change while we sleep, and the event loop
+        # may wake a timer a hair early. Firing early is the one thing we must never do.
+        while True:
+            remaining = (when - self.now()).total_seconds()
+            if remaining <= 0:
+                return
+            await asyncio.sleep(remaining)
+
+
+Sampler = Callable[[], Awaitable[datetime | None]]
+
+
+class DatabaseClock(SystemClock):
+    """A :class:`SystemClock` whose offset is measured against the database's clock."""
+
+    SAMPLES = 5
+
+    def __init__(self, sample: Sampler) -> None:
+        super().__init__()
+        self._sample = sample
+        self.round_trip = timedelta(0)
+
+    async def sync(self) -> timedelta:
+        """Measure the offset: keep the sample with the shortest round trip, whose midpoint is
+        the best estimate of when the database read its clock."""
+        best: tuple[float, timedelta] | None = None
+        for _ in range(self.SAMPLES):
+            before = time.time()
+            t0 = time.perf_counter()
+            reference = await self._sample()
+            rtt = time.perf_counter() - t0
+            if reference is None:
+                self.offset = timedelta(0)
+                return self.offset
+            local_mid = datetime.fromtimestamp(before + rtt / 2, UTC)
+            if best is None or rtt < best[0]:
+                best = (rtt, reference - local_mid)
+        assert best is not None
+        self.round_trip = timedelta(seconds=best[0])
+        self.offset = best[1]
+        return self.offset
+
+
+class ManualClock:
+    """A clock that moves only when told to; sleepers wake when it passes their deadline."""
+
+    def __init__(self, start: datetime) -> None:
+        self._now = start
+        self._moved = asyncio.Condition()
+
+    def now(self) -> datetime:
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        await self.sleep_until(self._now + timedelta(seconds=seconds))
+
+    async def sleep_until(self, when: datetime) -> None:
+        async with self._moved:
+            await self._moved.wait_for(lambda: self._now >= when)
+
+    async def advance(self, seconds: float) -> None:
+        await self.set(self._now + timedelta(seconds=seconds))
+
+    async def set(self, when: datetime) -> None:
+        async with self._moved:
+            self._now = when
+            self._moved.notify_all()
+        # Let woken tasks run up to their next await.
+        for _ in range(5):
+            await asyncio.sleep(0)

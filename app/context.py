@@ -1,0 +1,61 @@
+"""What a running job can see and do: :class:`JobContext`."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from app.errors import CheckpointError
+
+Saver = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+@dataclass
+class JobContext:
+    """Handed to a job that takes one argument.
+
+    ``scheduled_at`` is the slot (aware UTC); ``state`` is restored from the last checkpoint of
+    this slot; ``await ctx.checkpoint(**values)`` persists values into it at once.
+    """
+
+    job: str
+    scheduled_at: datetime
+    execution_id: int
+    attempt: int
+    trigger: str
+    instance_id: str
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger]
+    params: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+    _save: Saver | None = field(default=None, repr=False)
+
+    async def checkpoint(self, **values: Any) -> None:
+        """Merge ``values`` into ``state`` and store them; a retry or restart starts from them.
+
+        Raises :class:`~app.errors.CheckpointError` if a value cannot be stored as JSON.
+        """
+        merged = {**self.state, **values}
+        try:
+            json.dumps(merged, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            bad = next((k for k, v in values.items() if not _json_ok(v)), None)
+            where = f"value of {bad!r}" if bad else "state"
+            raise CheckpointError(
+                f"job {self.job!r}: checkpoint: {where} cannot be stored as JSON: {exc}"
+            ) from None
+        self.state.clear()
+        self.state.update(merged)
+        if self._save is not None:
+            await self._save(dict(merged))
+
+
+def _json_ok(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True

@@ -1,0 +1,111 @@
+"""The heartbeat: one batched renewal of every lease this instance holds, and self-fencing.
+
+A run whose lease this instance could not renew before it lapsed is cancelled locally: by then
+the cluster may have declared it ABANDONED and run the slot again elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+from app.clock import Clock, DatabaseClock
+from app.outage import DB_ERRORS, Outage
+from app.runner import FENCED, Runs
+from app.store import runs as run_store
+from app.store.database import Database
+
+log = logging.getLogger("slotcron.heartbeat")
+
+CLOCK_SYNC_SECONDS = 60.0
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        *,
+        db: Database,
+        clock: Clock,
+        instance_id: str,
+        runs: Runs,
+        period: float,
+        outage: Outage,
+        instance_state: Callable[[], str],
+    ) -> None:
+        self.db = db
+        self.clock = clock
+        self.instance_id = instance_id
+        self.runs = runs
+        self.period = period
+        self.outage = outage
+        self.instance_state = instance_state
+        self._task: asyncio.Task[None] | None = None
+        self._last_sync = time.monotonic()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="slotcron-heartbeat")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.period)
+            await self.beat()
+            if (
+                isinstance(self.clock, DatabaseClock)
+                and time.monotonic() - self._last_sync > CLOCK_SYNC_SECONDS
+            ):
+                self._last_sync = time.monotonic()
+                with contextlib.suppress(*DB_ERRORS):
+                    await self.clock.sync()
+
+    async def beat(self) -> None:
+        now = self.clock.now()
+        counts = self.runs.lease_counts()
+        try:
+            still_ours = await run_store.renew(
+                self.db,
+                instance_id=self.instance_id,
+                now=now,
+                lease_counts=counts,
+                instance_state=self.instance_state(),
+            )
+        except DB_ERRORS as exc:
+            self.outage.failed(exc, "renewing leases")
+            # Fence what will lapse before the next chance to renew, not only what already has.
+            self.fence_lapsed(margin=self.period)
+            return
+        self.outage.recovered()
+        for handle in self.runs:
+            if still_ours is None or handle.id in still_ours:
+                handle.lease_until = max(
+                    handle.lease_until, now + timedelta(milliseconds=handle.lease_ms)
+                )
+            else:
+                log.warning(
+                    "execution %s of %s is no longer ours (recorded elsewhere); cancelling it",
+                    handle.id,
+                    handle.job.name,
+                )
+                self.runs.cancel(handle, FENCED)
+
+    def fence_lapsed(self, margin: float = 0.0) -> None:
+        """Cancel every run whose lease lapses within ``margin`` seconds without renewal."""
+        horizon = self.clock.now() + timedelta(seconds=margin)
+        for handle in self.runs:
+            if handle.lease_until <= horizon and handle.cancel_reason is None:
+                log.warning(
+                    "lease of execution %s (%s) lapses at %s and cannot be renewed; cancelling it",
+                    handle.id,
+                    handle.job.name,
+                    handle.lease_until.isoformat(),
+                )
+                self.runs.cancel(handle, FENCED)

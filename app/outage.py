@@ -1,0 +1,62 @@
+"""Database trouble is logged once when it starts and once when it ends, never per slot."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+from app.config import mask_url_text
+
+log = logging.getLogger("slotcron.outage")
+
+# What a lost or refused connection looks like through each driver.
+DB_ERRORS: tuple[type[BaseException], ...] = (
+    OperationalError,
+    InterfaceError,
+    DBAPIError,
+    OSError,
+    ConnectionError,
+    TimeoutError,
+)
+
+
+class Outage:
+    """Tracks whether the database is reachable, so each outage is logged once."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.failures = 0
+
+    @property
+    def ongoing(self) -> bool:
+        return self.since is not None
+
+    def failed(self, exc: BaseException, doing: str) -> None:
+        self.failures += 1
+        if self.since is None:
+            self.since = time.monotonic()
+            log.warning(
+                "database unreachable while %s: %s; running jobs go on, claims resume when it "
+                "is back",
+                doing,
+                describe(exc),
+            )
+
+    def recovered(self) -> None:
+        if self.since is not None:
+            log.warning(
+                "database reachable again after %.1f s (%d failed calls)",
+                time.monotonic() - self.since,
+                self.failures,
+            )
+        self.since = None
+        self.failures = 0
+
+
+def describe(exc: BaseException) -> str:
+    """One line about a database error, with no password in it."""
+    orig = getattr(exc, "orig", None) or exc
+    text = f"{type(orig).__name__}: {orig}".splitlines()[0]
+    return mask_url_text(text)[:300]

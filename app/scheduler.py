@@ -1,0 +1,150 @@
+"""Plan and fire: one heap of next slots, one wake-up at the earliest, one task per due job.
+
+Firing is O(jobs due now): the planner never scans the registered jobs. It never awaits one
+job's claim before starting the next: every due job gets its own task at once (guarantee 6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from app.claims import Claimer
+from app.clock import Clock
+from app.registry import Job
+from app.runner import Runner
+from app.schedule import Schedule
+
+log = logging.getLogger("slotcron.scheduler")
+
+MIN_GRACE = timedelta(seconds=1)
+MAX_GRACE = timedelta(seconds=60)
+
+
+def grace(schedule: Schedule, slot: datetime) -> timedelta:
+    """How late a slot may still be started: until its successor is due, between 1 s and 60 s."""
+    return min(max(schedule.next_after(slot) - slot, MIN_GRACE), MAX_GRACE)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        jobs: Sequence[Job],
+        *,
+        clock: Clock,
+        claimer: Claimer,
+        runner: Runner,
+        capacity: int,
+        default_timezone: str,
+    ) -> None:
+        self.clock = clock
+        self.claimer = claimer
+        self.runner = runner
+        self._capacity = asyncio.Semaphore(capacity)
+        self._schedules = {job.name: job.schedule(default_timezone) for job in jobs}
+        self._jobs = [job for job in jobs if job.enabled]
+        self._heap: list[tuple[datetime, int, Job]] = []
+        self._seq = itertools.count()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._claiming: set[asyncio.Task[None]] = set()
+        self._planner: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    def schedule_of(self, job: Job) -> Schedule:
+        return self._schedules[job.name]
+
+    def start(self) -> None:
+        now = self.clock.now()
+        for job in self._jobs:
+            self._push(job, self.schedule_of(job).next_after(now))
+        self._planner = asyncio.create_task(self._plan(), name="slotcron-planner")
+
+    def _push(self, job: Job, slot: datetime) -> None:
+        heapq.heappush(self._heap, (slot, next(self._seq), job))
+
+    async def _plan(self) -> None:
+        while self._heap:
+            await self.clock.sleep_until(self._heap[0][0])
+            now = self.clock.now()
+            while self._heap and self._heap[0][0] <= now:
+                slot, _, job = heapq.heappop(self._heap)
+                schedule = self.schedule_of(job)
+                if now - slot > grace(schedule, slot):
+                    self._spawn(self._misfire(job, slot, now), job)
+                    self._push(job, schedule.next_after(now))
+                else:
+                    self._spawn(self._fire(job, slot), job)
+                    self._push(job, schedule.next_after(slot))
+
+    def _spawn(self, coro: object, job: Job) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=f"slotcron-{job.name}")  # type: ignore[arg-type]
+        self._tasks.add(task)
+        self._claiming.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._claiming.discard)
+
+    async def _fire(self, job: Job, slot: datetime, trigger: str | None = None) -> None:
+        await self._capacity.acquire()
+        try:
+            claim = await self.claimer.claim(job, slot, trigger=trigger or job.trigger)
+            task = asyncio.current_task()
+            if task is not None:
+                self._claiming.discard(task)  # past the claim: shutdown lets it drain
+            if claim is None or claim.status != "RUNNING":
+                if claim is not None:
+                    log.info("%s slot %s %s: %s", job.name, slot.isoformat(), claim.status,
+                             claim.reason)
+                return
+            await self.runner.run(job, claim)
+        finally:
+            self._capacity.release()
+
+    async def _misfire(self, job: Job, first: datetime, now: datetime) -> None:
+        """Account for slots this instance reached too late, by the job's misfire policy."""
+        schedule = self.schedule_of(job)
+        window_start = now - timedelta(seconds=job.catchup_window)
+        late: list[datetime] = []
+        passed_over = 0
+        slot = first
+        while slot <= now:
+            if now - slot <= grace(schedule, slot):
+                break  # still on time: the planner fires it normally
+            if slot >= window_start:
+                late.append(slot)
+            else:
+                passed_over += 1
+            slot = schedule.next_after(slot)
+        if passed_over:
+            log.warning("%s: %d slots older than catchup_window=%gs passed over", job.name,
+                        passed_over, job.catchup_window)
+        run = {"skip": [], "once": late[-1:], "all": late}[job.misfire]
+        for slot in late:
+            if slot in run:
+                await self._fire(job, slot, trigger="catchup")
+            else:
+                lateness = (now - slot).total_seconds()
+                await self.claimer.claim(
+                    job,
+                    slot,
+                    trigger=job.trigger,
+                    missed_reason=f"misfire: reached {lateness:.1f} s late (misfire={job.misfire!r})",
+                )
+
+    async def stop_claiming(self, timeout: float = 5.0) -> None:
+        """Phase 1 of shutdown: claim nothing more. Claims already under way finish (they are
+        short), so a slot is never left half-decided; runs go on."""
+        self.claimer.closing = True
+        if self._planner is not None:
+            self._planner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._planner
+        if self._claiming:
+            _, pending = await asyncio.wait(set(self._claiming), timeout=timeout)
+            for task in pending:
+                if task in self._claiming:
+                    task.cancel()

@@ -1,0 +1,157 @@
+"""The service: wires the roles together, starts them, and runs until a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Sequence
+
+from app.claims import Claimer
+from app.clock import Clock, DatabaseClock
+from app.config import Settings
+from app.errors import ConfigError
+from app.heartbeat import Heartbeat
+from app.outage import DB_ERRORS, Outage, describe
+from app.registry import Job
+from app.runner import Runner, Runs
+from app.scheduler import Scheduler
+from app.shutdown import Signals, shut_down
+from app.store import migrate, registrations
+from app.store.database import Database
+from app.store.registrations import JobRow
+from app.version import __version__
+
+log = logging.getLogger("slotcron.service")
+
+
+class Service:
+    """One slotcron instance. ``clock`` defaults to the database's clock."""
+
+    def __init__(self, settings: Settings, jobs: Sequence[Job], clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.jobs = list(jobs)
+        self.instance_id = settings.instance_id
+        self.db = Database.connect(settings.url, settings.pool_size)
+        self.clock: Clock = clock if clock is not None else DatabaseClock(self.db.clock_sample)
+        self.outage = Outage()
+        self.runs = Runs()
+        self.state = "starting"
+        self.claimer = Claimer(
+            db=self.db,
+            clock=self.clock,
+            instance_id=self.instance_id,
+            default_lease=settings.lease_seconds,
+            outage=self.outage,
+        )
+        self.runner = Runner(
+            db=self.db, clock=self.clock, instance_id=self.instance_id, runs=self.runs,
+            outage=self.outage,
+        )
+        self.scheduler = Scheduler(
+            self.jobs,
+            clock=self.clock,
+            claimer=self.claimer,
+            runner=self.runner,
+            capacity=settings.max_concurrency,
+            default_timezone=settings.timezone,
+        )
+        shortest_lease = min(
+            [job.lease_seconds(settings.lease_seconds) for job in self.jobs]
+            + [settings.lease_seconds]
+        )
+        self.heartbeat = Heartbeat(
+            db=self.db,
+            clock=self.clock,
+            instance_id=self.instance_id,
+            runs=self.runs,
+            # A lease must be renewed several times before it can lapse.
+            period=min(settings.heartbeat_seconds, shortest_lease / 4),
+            outage=self.outage,
+            instance_state=lambda: self.state,
+        )
+
+    async def _prepare_database(self) -> None:
+        if self.settings.migrate_on_start:
+            before, after = await migrate.upgrade(self.db.engine, self.db.dialect)
+            if before != after:
+                log.info("database migrated from %s to %s", before or "empty", after)
+        else:
+            current = await migrate.current_revision(self.db.engine)
+            head = migrate.head_revision()
+            if current != head:
+                raise ConfigError(
+                    "SCHEDULER_AUTO_MIGRATE",
+                    f"database schema is at {current or 'nothing'}, this version needs {head}: "
+                    "run `slotcron migrate` (or set SCHEDULER_AUTO_MIGRATE=true)",
+                )
+        if isinstance(self.clock, DatabaseClock):
+            offset = await self.clock.sync()
+            log.info("clock offset to the database: %+.1f ms (round trip %.1f ms)",
+                     offset.total_seconds() * 1000, self.clock.round_trip.total_seconds() * 1000)
+        now = self.clock.now()
+        await registrations.register_instance(
+            self.db, instance_id=self.instance_id, host=socket.gethostname(), pid=os.getpid(),
+            version=__version__, now=now,
+        )
+        await registrations.register_jobs(
+            self.db,
+            [
+                JobRow(
+                    name=job.name,
+                    kind=job.kind,
+                    schedule=job.expression,
+                    timezone=job.timezone or self.settings.timezone,
+                    options=job.options(),
+                )
+                for job in self.jobs
+            ],
+            now=now,
+            instance_id=self.instance_id,
+            version=__version__,
+        )
+
+    async def start(self, stop: asyncio.Event | None = None) -> None:
+        """Connect (waiting out an unreachable database), register, and start firing."""
+        delay = 0.5
+        while True:
+            try:
+                await self._prepare_database()
+                break
+            except DB_ERRORS as exc:
+                self.outage.failed(exc, "starting up")
+                if stop is not None and stop.is_set():
+                    raise
+                log.debug("start-up retry in %.1f s: %s", delay, describe(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+        self.outage.recovered()
+        self.state = "running"
+        self.scheduler.start()
+        self.heartbeat.start()
+        log.info(
+            "instance %s running %d jobs on %s",
+            self.instance_id,
+            len(self.jobs),
+            self.settings.safe_url,
+        )
+
+    async def stop(self, signals: Signals | None = None) -> None:
+        await shut_down(self, signals or Signals())
+
+    async def run(self) -> None:
+        """Run until SIGTERM/SIGINT, then shut down in phases."""
+        signals = Signals()
+        signals.install()
+        starting = asyncio.create_task(self.start(signals.requested))
+        requested = asyncio.create_task(signals.requested.wait())
+        await asyncio.wait({starting, requested}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            await self.db.close()
+            log.info("stopped before start-up completed")
+            return
+        starting.result()
+        await requested
+        await self.stop(signals)

@@ -1,0 +1,111 @@
+"""Graceful shutdown in four phases, each with its own timeout.
+
+1. Stop claiming slots; mark the instance ``draining``.
+2. Await in-flight runs, up to ``SCHEDULER_SHUTDOWN_DRAIN_TIMEOUT``.
+3. Cancel what is left, await up to ``SCHEDULER_SHUTDOWN_CANCEL_TIMEOUT``; those runs are
+   recorded ``STOPPED`` and their leases released.
+4. Mark the instance ``stopped``; close the database.
+
+A second signal skips to phase 3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import TYPE_CHECKING
+
+from app.outage import DB_ERRORS, describe
+from app.runner import SHUTDOWN
+from app.store import registrations
+from app.store import runs as run_store
+
+if TYPE_CHECKING:
+    from app.service import Service
+
+log = logging.getLogger("slotcron.shutdown")
+
+
+class Signals:
+    """SIGTERM/SIGINT: the first asks for a graceful shutdown, the second hurries it."""
+
+    def __init__(self) -> None:
+        self.requested = asyncio.Event()
+        self.hurry = asyncio.Event()
+        self.count = 0
+
+    def install(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.receive, sig)
+
+    def receive(self, sig: int = signal.SIGTERM) -> None:
+        self.count += 1
+        name = signal.Signals(sig).name
+        if self.count == 1:
+            log.info("%s received: shutting down (a second signal skips the drain)", name)
+            self.requested.set()
+        else:
+            log.warning("%s received again: cancelling in-flight runs now", name)
+            self.hurry.set()
+
+
+async def _wait_runs(service: Service, timeout: float, hurry: asyncio.Event) -> bool:
+    """Wait until no run is in flight, ``timeout`` passes, or ``hurry`` is set. True if empty."""
+    empty = asyncio.create_task(service.runs.wait_empty())
+    hurried = asyncio.create_task(hurry.wait())
+    try:
+        await asyncio.wait({empty, hurried}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        empty.cancel()
+        hurried.cancel()
+    return len(service.runs) == 0
+
+
+async def shut_down(service: Service, signals: Signals) -> None:
+    settings = service.settings
+    # Phase 1
+    service.state = "draining"
+    await service.scheduler.stop_claiming()
+    with contextlib.suppress(*DB_ERRORS):
+        await registrations.set_instance_state(
+            service.db, instance_id=service.instance_id, state="draining", now=service.clock.now()
+        )
+    log.info("phase 1: claiming stopped; %d runs in flight", len(service.runs))
+    # Phase 2
+    if not signals.hurry.is_set() and len(service.runs):
+        log.info("phase 2: draining for up to %g s", settings.shutdown_drain_timeout)
+        await _wait_runs(service, settings.shutdown_drain_timeout, signals.hurry)
+    # Phase 3
+    left = list(service.runs)
+    if left:
+        log.warning("phase 3: cancelling %d runs: %s", len(left),
+                    ", ".join(f"{h.job.name}#{h.id}" for h in left))
+        for handle in left:
+            service.runs.cancel(handle, SHUTDOWN)
+        await _wait_runs(service, settings.shutdown_cancel_timeout, asyncio.Event())
+        stubborn = list(service.runs)
+        if stubborn:
+            # These ignored cancellation: record them STOPPED ourselves before we go.
+            with contextlib.suppress(*DB_ERRORS):
+                await run_store.stop_all(
+                    service.db,
+                    execution_ids=[h.id for h in stubborn],
+                    instance_id=service.instance_id,
+                    now=service.clock.now(),
+                    reason=f"stopped by shutdown of instance {service.instance_id} "
+                    "(did not end within the cancel timeout)",
+                )
+    # Phase 4
+    await service.heartbeat.stop()
+    service.state = "stopped"
+    try:
+        await registrations.set_instance_state(
+            service.db, instance_id=service.instance_id, state="stopped", now=service.clock.now()
+        )
+    except DB_ERRORS as exc:
+        log.warning("could not mark instance stopped: %s", describe(exc))
+    await service.db.close()
+    log.info("phase 4: instance %s stopped", service.instance_id)

@@ -1,0 +1,76 @@
+"""Reading executions back, for ``slotcron history`` and the API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+
+from app.store.database import Database
+from app.store.tables import executions
+
+
+@dataclass(frozen=True)
+class ExecutionRecord:
+    id: int
+    job: str
+    scheduled_at: datetime
+    trigger: str
+    status: str
+    attempt: int
+    instance_id: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+    lease_until: datetime | None
+    error: str | None
+    params: dict[str, Any]
+    state: dict[str, Any]
+
+    @property
+    def duration_ms(self) -> int | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return round((self.finished_at - self.started_at).total_seconds() * 1000)
+
+
+async def list_executions(
+    db: Database,
+    *,
+    job: str | None = None,
+    status: str | None = None,
+    since: datetime | None = None,
+    limit: int = 50,
+) -> list[ExecutionRecord]:
+    """Executions, newest slot first."""
+    query = select(executions)
+    if job is not None:
+        query = query.where(executions.c.job_name == job)
+    if status is not None:
+        query = query.where(executions.c.status == status)
+    if since is not None:
+        query = query.where(executions.c.scheduled_at >= since)
+    query = query.order_by(executions.c.scheduled_at.desc(), executions.c.id.desc()).limit(limit)
+    async with db.read() as conn:
+        rows = (await conn.execute(query)).mappings().all()
+    return [
+        ExecutionRecord(
+            id=int(r["id"]),
+            job=r["job_name"],
+            scheduled_at=r["scheduled_at"],
+            trigger=r["trigger"],
+            status=r["status"],
+            attempt=r["attempt"],
+            instance_id=r["instance_id"],
+            started_at=r["started_at"],
+            finished_at=r["finished_at"],
+            heartbeat_at=r["heartbeat_at"],
+            lease_until=r["lease_until"],
+            error=r["error"],
+            params=r["params"] or {},
+            state=r["state"] or {},
+        )
+        for r in rows
+    ]
