@@ -11,6 +11,7 @@ import asyncio
 import importlib
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -258,6 +259,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Refused as exc:
         print(f"slotcron: refused: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader went away (`slotcron history | head`): not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except DB_ERRORS as exc:
         print(f"slotcron: database error: {describe(exc)}", file=sys.stderr)
         return 1

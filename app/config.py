@@ -45,7 +45,14 @@ def _default_instance_id() -> str:
 
 def mask_url_text(text: str) -> str:
     """Hide anything that looks like a password in a URL inside free text."""
-    return re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", text)
+    text = re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", text)
+    return re.sub(r"([?&](?:password|passwd|pwd)=)[^&\s'\"]*", r"\1***", text, flags=re.I)
+
+
+def render_url(url: URL) -> str:
+    """A URL fit to print: its password hidden, wherever it was given (the drivers also take
+    ``?password=``)."""
+    return mask_url_text(url.render_as_string(hide_password=True))
 
 
 class Settings(BaseSettings):
@@ -57,6 +64,7 @@ class Settings(BaseSettings):
         env_file_encoding="utf-8",
         extra="ignore",
         validate_default=True,
+        env_ignore_empty=True,  # VAR= in .env means unset, not an empty value
     )
 
     database_url: SecretStr = SecretStr("sqlite+aiosqlite:///./slotcron.db")
@@ -118,12 +126,12 @@ class Settings(BaseSettings):
         if driver is None:
             raise ValueError(
                 f"unsupported database {url.drivername!r} in "
-                f"{url.render_as_string(hide_password=True)!r}; use sqlite+aiosqlite, "
+                f"{render_url(url)!r}; use sqlite+aiosqlite, "
                 "postgresql+asyncpg or mysql+aiomysql"
             )
         if driver != "sqlite+aiosqlite" and not url.host:
             raise ValueError(
-                f"database URL {url.render_as_string(hide_password=True)!r} names no host"
+                f"database URL {render_url(url)!r} names no host"
             )
         return SecretStr(url.set(drivername=driver).render_as_string(hide_password=False))
 
@@ -145,7 +153,7 @@ class Settings(BaseSettings):
 
     @property
     def safe_url(self) -> str:
-        return self.url.render_as_string(hide_password=True)
+        return render_url(self.url)
 
     @property
     def backend(self) -> str:
@@ -160,8 +168,11 @@ class Settings(BaseSettings):
 
 
 def _unknown_variables(environ: dict[str, str]) -> list[str]:
+    # pydantic-settings matches names case-insensitively, so the typo check must too.
     known = {PREFIX + name.upper() for name in Settings.model_fields}
-    return sorted(key for key in environ if key.startswith(PREFIX) and key not in known)
+    return sorted(
+        key for key in environ if key.upper().startswith(PREFIX) and key.upper() not in known
+    )
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -174,7 +185,7 @@ def load_settings(**overrides: Any) -> Settings:
     if Path(".env").is_file():
         for line in Path(".env").read_text(encoding="utf-8").splitlines():
             key = line.split("=", 1)[0].strip().removeprefix("export ").strip()
-            if key.startswith(PREFIX):
+            if key.upper().startswith(PREFIX):
                 environ.setdefault(key, "")
     unknown = _unknown_variables(environ)
     if unknown:

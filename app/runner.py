@@ -142,9 +142,9 @@ class Runner:
                 await self.clock.sleep(random.uniform(0, job.jitter))
             log.debug("starting %s slot %s (execution %s)", job.name, claim.scheduled_at,
                       claim.execution_id)
-            if job.timeout is not None:
-                timeout.reschedule(asyncio.get_running_loop().time() + job.timeout)
             async with timeout:
+                if job.timeout is not None:
+                    timeout.reschedule(asyncio.get_running_loop().time() + job.timeout)
                 await (job.func(ctx) if job.takes_context else job.func())
         except asyncio.CancelledError:
             reason = handle.cancel_reason

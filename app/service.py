@@ -86,6 +86,7 @@ class Service:
                     f"database schema is at {current or 'nothing'}, this version needs {head}: "
                     "run `slotcron migrate` (or set SCHEDULER_AUTO_MIGRATE=true)",
                 )
+        await self.db.warm_up(min(self.settings.pool_size, max(len(self.jobs), 1)))
         if isinstance(self.clock, DatabaseClock):
             offset = await self.clock.sync()
             log.info("clock offset to the database: %+.1f ms (round trip %.1f ms)",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import text
@@ -19,6 +20,7 @@ from app.store.engine import NOWAIT, READ_ONLY, make_engine
 class Database:
     engine: AsyncEngine
     dialect: Dialect
+    _writer: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     @classmethod
     def connect(cls, url: URL, pool_size: int = 10) -> Database:
@@ -29,11 +31,29 @@ class Database:
     async def transaction(self, *, nowait: bool = False) -> AsyncIterator[AsyncConnection]:
         """One transaction on its own pooled connection. ``nowait``: never wait for a write lock
         on SQLite (the other dialects say NOWAIT on the row itself)."""
+        if self.dialect.single_writer:
+            async with self._writer, self._transaction(nowait) as conn:
+                yield conn
+        else:
+            async with self._transaction(nowait) as conn:
+                yield conn
+
+    @asynccontextmanager
+    async def _transaction(self, nowait: bool) -> AsyncIterator[AsyncConnection]:
         async with self.engine.connect() as conn:
             if nowait:
                 conn = await conn.execution_options(**{NOWAIT: True})
             async with conn.begin():
                 yield conn
+
+    async def warm_up(self, connections: int) -> None:
+        """Open pooled connections ahead of the first burst of claims."""
+
+        async def touch() -> None:
+            async with self.read() as conn:
+                await conn.execute(text("SELECT 1"))
+
+        await asyncio.gather(*(touch() for _ in range(connections)))
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:

@@ -5,7 +5,8 @@ No ``if dialect == ...`` lives outside this module.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,13 +22,17 @@ class Dialect:
     """What slotcron needs to know about one database family."""
 
     name = "base"
+    # True where the database has one writer at a time: our own writers then queue in-process
+    # rather than spin on the database's lock (which is left to writers of other processes).
+    single_writer = False
     # The database's clock, sampled for guarantee 5; None: the database has no clock of its own.
     now_sql: str | None = None
 
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
+        # SCHEDULER_POOL_SIZE is the instance's whole allowance of connections: no overflow.
         return {
             "pool_size": pool_size,
-            "max_overflow": pool_size,
+            "max_overflow": 0,
             "pool_pre_ping": True,
             "pool_recycle": 1800,
         }
@@ -43,8 +48,10 @@ class Dialect:
                update: Sequence[str]) -> Insert:
         raise NotImplementedError
 
-    async def migration_lock(self, conn: AsyncConnection) -> None:
+    @asynccontextmanager
+    async def migration_lock(self, conn: AsyncConnection) -> AsyncIterator[None]:
         """Serialise concurrent ``migrate`` runs from several instances starting at once."""
+        yield
 
     def parse_now(self, value: Any) -> datetime:
         if isinstance(value, datetime):
@@ -70,8 +77,11 @@ class PostgreSQL(Dialect):
             index_elements=list(keys), set_={c: stmt.excluded[c] for c in update}
         )
 
-    async def migration_lock(self, conn: AsyncConnection) -> None:
+    @asynccontextmanager
+    async def migration_lock(self, conn: AsyncConnection) -> AsyncIterator[None]:
+        # Released by the migration's commit.
         await conn.execute(text("SELECT pg_advisory_xact_lock(7301991)"))
+        yield
 
 
 class MySQL(Dialect):
@@ -98,8 +108,17 @@ class MySQL(Dialect):
         stmt = mysql.insert(table).values(list(rows))
         return stmt.on_duplicate_key_update({c: stmt.inserted[c] for c in update})
 
-    async def migration_lock(self, conn: AsyncConnection) -> None:
-        await conn.execute(text("SELECT GET_LOCK('slotcron_migrate', 60)"))
+    @asynccontextmanager
+    async def migration_lock(self, conn: AsyncConnection) -> AsyncIterator[None]:
+        # A named lock belongs to the session, not the transaction: release it explicitly, or
+        # the pooled connection keeps it and the next instance waits out the timeout.
+        granted = (await conn.execute(text("SELECT GET_LOCK('slotcron_migrate', 120)"))).scalar()
+        if granted != 1:
+            raise TimeoutError("another instance held the migration lock for 120 s")
+        try:
+            yield
+        finally:
+            await conn.execute(text("SELECT RELEASE_LOCK('slotcron_migrate')"))
 
 
 class SQLite(Dialect):
@@ -111,9 +130,10 @@ class SQLite(Dialect):
 
     name = "sqlite"
     busy_ms = 5000
+    single_writer = True
 
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
-        return {"pool_size": pool_size, "max_overflow": pool_size}
+        return {"pool_size": pool_size, "max_overflow": 0}
 
     def is_lock_unavailable(self, exc: BaseException) -> bool:
         message = str(getattr(exc, "orig", exc)).lower()

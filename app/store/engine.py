@@ -38,7 +38,10 @@ def _configure_sqlite(engine: AsyncEngine, dialect: SQLite) -> None:
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
-        wait = 0 if conn.get_execution_options().get(NOWAIT) else dialect.busy_ms
-        conn.exec_driver_sql(f"PRAGMA busy_timeout = {wait}")
         options = conn.get_execution_options()
+        wait = 0 if options.get(NOWAIT) else dialect.busy_ms
+        info = conn.connection.info
+        if info.get("busy_ms") != wait:  # one pragma per change, not per transaction
+            conn.exec_driver_sql(f"PRAGMA busy_timeout = {wait}")
+            info["busy_ms"] = wait
         conn.exec_driver_sql("BEGIN" if options.get(READ_ONLY) else "BEGIN IMMEDIATE")

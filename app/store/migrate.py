@@ -47,8 +47,7 @@ async def upgrade(engine: AsyncEngine, dialect: Dialect) -> tuple[str | None, st
         command.upgrade(config, "head")
         return before
 
-    async with engine.connect() as conn:
-        await dialect.migration_lock(conn)
+    async with engine.connect() as conn, dialect.migration_lock(conn):
         before = await conn.run_sync(run)
         await conn.commit()
     return before, head_revision()

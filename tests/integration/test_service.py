@@ -1,0 +1,247 @@
+"""A whole instance (or two) in-process on every backend, firing real slots by the real clock."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select, update
+
+from app import JobContext
+from app.registry import Registry, cron, every
+from app.store.database import Database
+from app.store.tables import executions
+from tests.conftest import ServiceFactory, wait_for
+
+
+async def rows(db: Database, job: str | None = None) -> list[dict[str, object]]:
+    query = select(executions).order_by(executions.c.scheduled_at, executions.c.id)
+    if job is not None:
+        query = query.where(executions.c.job_name == job)
+    async with db.read() as conn:
+        return [dict(r) for r in (await conn.execute(query)).mappings()]
+
+
+async def test_ten_jobs_due_together_all_start_within_100ms_of_their_slot(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    registry = Registry()
+    starts: dict[str, tuple[datetime, float]] = {}
+
+    def make(i: int) -> None:
+        @cron("*/2 * * * * *", name=f"burst-{i}", registry=registry)
+        async def job(ctx: JobContext) -> None:
+            starts.setdefault(ctx.job, (ctx.scheduled_at, time.time()))
+            await asyncio.sleep(2)
+
+    for i in range(10):
+        make(i)
+    await start_service(list(registry), max_concurrency=100)
+    await wait_for(lambda: len(starts) == 10, timeout=10, what="ten jobs to start")
+    slots = {slot for slot, _ in starts.values()}
+    lags = sorted(started - slot.timestamp() for slot, started in starts.values())
+    assert len(slots) == 1, f"the ten jobs ran different slots: {slots}"
+    assert lags[0] >= 0, f"a job started {-lags[0]:.3f} s before its slot"
+    assert lags[-1] < 0.100, f"start lags {[round(x, 3) for x in lags]} (max must be < 100 ms)"
+
+
+async def test_two_schedulers_racing_run_every_slot_exactly_once(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    registry = Registry()
+    ran: list[tuple[str, datetime, str]] = []  # the jobs' own record, not our tables
+
+    def make(i: int) -> None:
+        @cron("* * * * * *", name=f"race-{i}", registry=registry)
+        async def job(ctx: JobContext) -> None:
+            ran.append((ctx.job, ctx.scheduled_at, ctx.instance_id))
+            await asyncio.sleep(0.05)
+
+    for i in range(5):
+        make(i)
+    a = await start_service(list(registry), instance_id="scheduler-a")
+    b = await start_service(list(registry), instance_id="scheduler-b")
+    await wait_for(lambda: len({s for _, s, _ in ran}) >= 6, timeout=15, what="six slots")
+    await a.stop()
+    await b.stop()
+    counts = Counter((job, slot) for job, slot, _ in ran)
+    doubled = {k: v for k, v in counts.items() if v > 1}
+    assert not doubled, f"slots run more than once: {doubled}"
+    # Every slot between the first and last one seen was run, for every job.
+    slots = sorted({s for _, s, _ in ran})
+    for slot in slots[1:-1]:
+        for i in range(5):
+            assert (f"race-{i}", slot) in counts, f"race-{i} slot {slot} was not run"
+    recorded = [(r["job_name"], r["scheduled_at"]) for r in await rows(db) if r["status"] != "SKIPPED"]
+    assert Counter(recorded) == counts
+    assert {instance for _, _, instance in ran} <= {"scheduler-a", "scheduler-b"}
+
+
+async def test_forbid_records_skipped_slots_and_never_runs_two_at_once(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    registry = Registry()
+    intervals: list[tuple[float, float]] = []
+
+    @cron("* * * * * *", name="long", registry=registry)
+    async def long_job() -> None:
+        started = time.monotonic()
+        await asyncio.sleep(2.2)
+        intervals.append((started, time.monotonic()))
+
+    a = await start_service(list(registry), instance_id="a")
+    b = await start_service(list(registry), instance_id="b")
+    await wait_for(lambda: len(intervals) >= 2, timeout=15, what="two runs of the long job")
+    await a.stop()
+    await b.stop()
+    intervals.sort()
+    for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
+        assert start >= end - 0.05, f"two runs overlapped: {intervals}"
+    records = await rows(db, "long")
+    skipped = [r for r in records if r["status"] == "SKIPPED"]
+    assert len(skipped) >= 2
+    assert all("still running" in str(r["error"]) for r in skipped)
+
+
+async def test_a_failing_job_is_recorded_failed_with_its_traceback(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    registry = Registry()
+
+    @every(seconds=1, name="boom", registry=registry)
+    async def explode_on_purpose() -> None:
+        raise ValueError("the widget is broken")
+
+    await start_service(list(registry))
+    failed = await wait_for(
+        lambda: _first(db, "boom", "FAILED"), timeout=10, what="a FAILED record"
+    )
+    assert "ValueError: the widget is broken" in failed["error"]
+    assert "explode_on_purpose" in failed["error"]  # the traceback, not only the message
+    assert failed["finished_at"] is not None
+
+
+async def test_a_run_over_its_timeout_is_cancelled_and_recorded_failed(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    registry = Registry()
+    cancelled: list[bool] = []
+
+    @every(seconds=1, name="slow", timeout=0.3, registry=registry)
+    async def slow() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    await start_service(list(registry))
+    failed = await wait_for(lambda: _first(db, "slow", "FAILED"), timeout=10, what="timeout")
+    assert "exceeded its timeout of 0.3 s" in failed["error"]
+    assert cancelled == [True] or len(cancelled) >= 1
+    took = (failed["finished_at"] - failed["started_at"]).total_seconds()
+    assert 0.3 <= took < 1.5
+
+
+async def test_jitter_delays_the_start_but_never_changes_the_slot(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    registry = Registry()
+    seen: list[tuple[datetime, float]] = []
+
+    @cron("*/2 * * * * *", name="jittery", jitter=0.6, registry=registry)
+    async def jittery(ctx: JobContext) -> None:
+        seen.append((ctx.scheduled_at, time.time()))
+
+    await start_service(list(registry))
+    await wait_for(lambda: len(seen) >= 3, timeout=15, what="three jittered runs")
+    for slot, started in seen:
+        assert slot.microsecond == 0 and slot.second % 2 == 0
+        assert 0 <= started - slot.timestamp() < 0.6 + 0.1
+    assert max(started - slot.timestamp() for slot, started in seen) > 0.02
+
+
+async def test_max_concurrency_bounds_runs_in_flight_and_loses_no_slot(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    registry = Registry()
+    in_flight = 0
+    peak = 0
+    done: list[str] = []
+
+    def make(i: int) -> None:
+        @cron("*/5 * * * * *", name=f"bounded-{i}", registry=registry)
+        async def job(ctx: JobContext) -> None:
+            nonlocal in_flight, peak
+            in_flight += 1
+            peak = max(peak, in_flight)
+            await asyncio.sleep(0.5)
+            in_flight -= 1
+            done.append(ctx.job)
+
+    for i in range(4):
+        make(i)
+    await start_service(list(registry), max_concurrency=2)
+    await wait_for(lambda: len(done) >= 4, timeout=15, what="all four bounded jobs")
+    assert peak == 2
+    assert sorted(done[:4]) == [f"bounded-{i}" for i in range(4)]
+
+
+async def test_the_heartbeat_keeps_a_run_longer_than_its_lease_alive(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    registry = Registry()
+
+    @every(seconds=1, name="long-lease", lease=0.8, overlap="allow", registry=registry)
+    async def long_lease(ctx: JobContext) -> None:
+        if ctx.scheduled_at.second % 30 == 0 or True:
+            await asyncio.sleep(2.5)
+
+    await start_service(list(registry))
+    done = await wait_for(
+        lambda: _first(db, "long-lease", "COMPLETED"), timeout=15, what="a completed long run"
+    )
+    # Renewed while it ran, well past its 0.8 s lease.
+    assert (done["heartbeat_at"] - done["started_at"]).total_seconds() > 1.5
+
+
+async def test_a_run_taken_from_its_instance_is_cancelled_there_and_its_record_kept(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    registry = Registry()
+    outcome: list[str] = []
+
+    @every(seconds=1, name="victim", registry=registry, overlap="forbid")
+    async def victim() -> None:
+        try:
+            await asyncio.sleep(30)
+            outcome.append("finished")
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+            raise
+
+    await start_service(list(registry), heartbeat_seconds=0.2)
+    running = await wait_for(lambda: _first(db, "victim", "RUNNING"), timeout=10, what="run")
+    # The cluster (e.g. the leader, seeing a lapsed lease) records it ABANDONED meanwhile.
+    async with db.transaction() as conn:
+        await conn.execute(
+            update(executions).where(executions.c.id == running["id"]).values(
+                status="ABANDONED", error="lease lapsed"
+            )
+        )
+    await wait_for(lambda: outcome == ["cancelled"], timeout=5, what="the run to be fenced")
+    records = {r["id"]: r for r in await rows(db, "victim")}
+    assert records[running["id"]]["status"] == "ABANDONED"  # not overwritten by the fenced run
+
+
+async def _first(db: Database, job: str, status: str) -> dict[str, object] | None:
+    return next((r for r in await rows(db, job) if r["status"] == status), None)
+
+
+def _utc(text: str) -> datetime:
+    return datetime.fromisoformat(text).astimezone(UTC)
+
+
+_ = timedelta

@@ -1,0 +1,255 @@
+"""Configuration: ``load_settings()`` reads ``SCHEDULER_*`` and ``.env``, or stops with one line.
+
+Each test runs in an empty temporary directory (no stray ``.env``) with every ``SCHEDULER_*``
+variable of the surrounding environment removed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from app.config import load_settings
+from app.errors import ConfigError
+
+PASSWORD = "hunter2"
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    for key in list(os.environ):
+        if key.upper().startswith("SCHEDULER_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def refusal(monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> ConfigError:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    return caught.value
+
+
+# --- Defaults -------------------------------------------------------------------------------
+
+
+def test_defaults_match_the_contract_table() -> None:
+    settings = load_settings()
+    assert settings.database_url.get_secret_value() == "sqlite+aiosqlite:///./slotcron.db"
+    assert settings.timezone == "UTC"
+    assert settings.lease_seconds == 60
+    assert settings.heartbeat_seconds == 15
+    assert settings.shutdown_drain_timeout == 30
+    assert settings.shutdown_cancel_timeout == 10
+    assert settings.http_host == "127.0.0.1"
+    assert settings.http_port is None, "unset = no HTTP server"
+    assert settings.admin_token is None, "unset = admin API refuses every write"
+    assert settings.log_format == "text"
+    assert settings.log_level == "INFO"
+    assert settings.history_retention_days == 30
+    assert settings.jobs == []
+
+
+def test_the_default_instance_id_is_host_pid_random_and_differs_per_load() -> None:
+    first, second = load_settings().instance_id, load_settings().instance_id
+    assert str(os.getpid()) in first.split("-")
+    assert first != second
+
+
+def test_auto_migrate_defaults_to_true_for_sqlite() -> None:
+    settings = load_settings()
+    assert settings.backend == "sqlite"
+    assert settings.migrate_on_start is True
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["postgresql+asyncpg://u:p@db.example/slotcron", "mysql+aiomysql://u:p@db.example/slotcron"],
+)
+def test_auto_migrate_defaults_to_false_for_other_databases(
+    monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    monkeypatch.setenv("SCHEDULER_DATABASE_URL", url)
+    assert load_settings().migrate_on_start is False
+
+
+def test_an_explicit_auto_migrate_wins_over_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDULER_DATABASE_URL", "postgresql+asyncpg://u:p@db.example/slotcron")
+    monkeypatch.setenv("SCHEDULER_AUTO_MIGRATE", "true")
+    assert load_settings().migrate_on_start is True
+
+
+# --- Values read from the environment -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("written", "normalised"),
+    [
+        ("postgresql://u:p@db.example/app", "postgresql+asyncpg://u:p@db.example/app"),
+        ("postgres://u:p@db.example/app", "postgresql+asyncpg://u:p@db.example/app"),
+        ("mysql://u:p@db.example/app", "mysql+aiomysql://u:p@db.example/app"),
+        ("mariadb://u:p@db.example/app", "mysql+aiomysql://u:p@db.example/app"),
+        ("sqlite:///./other.db", "sqlite+aiosqlite:///./other.db"),
+    ],
+)
+def test_a_plain_database_url_is_normalised_to_its_async_driver(
+    monkeypatch: pytest.MonkeyPatch, written: str, normalised: str
+) -> None:
+    monkeypatch.setenv("SCHEDULER_DATABASE_URL", written)
+    settings = load_settings()
+    assert settings.url.render_as_string(hide_password=False) == normalised
+
+
+def test_the_password_survives_normalisation_for_connecting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SCHEDULER_DATABASE_URL", f"postgresql://u:{PASSWORD}@db.example:5432/app")
+    url = load_settings().url
+    assert (url.username, url.password, url.host, url.port) == ("u", PASSWORD, "db.example", 5432)
+
+
+def test_jobs_is_a_comma_separated_list_of_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDULER_JOBS", "a, b")
+    assert load_settings().jobs == ["a", "b"]
+
+
+def test_empty_entries_in_jobs_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDULER_JOBS", " app.examples ,, other.jobs , ")
+    assert load_settings().jobs == ["app.examples", "other.jobs"]
+
+
+def test_numbers_and_choices_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDULER_LEASE_SECONDS", "120")
+    monkeypatch.setenv("SCHEDULER_HEARTBEAT_SECONDS", "20")
+    monkeypatch.setenv("SCHEDULER_HTTP_PORT", "8080")
+    monkeypatch.setenv("SCHEDULER_TIMEZONE", "Asia/Seoul")
+    monkeypatch.setenv("SCHEDULER_LOG_FORMAT", "json")
+    monkeypatch.setenv("SCHEDULER_LOG_LEVEL", "debug")
+    settings = load_settings()
+    assert settings.lease_seconds == 120
+    assert settings.heartbeat_seconds == 20
+    assert settings.http_port == 8080
+    assert settings.timezone == "Asia/Seoul"
+    assert settings.log_format == "json"
+    assert settings.log_level == "DEBUG"
+
+
+# --- The .env file --------------------------------------------------------------------------
+
+
+def test_a_dotenv_file_in_the_working_directory_is_read(clean_environment: Path) -> None:
+    (clean_environment / ".env").write_text(
+        "# local settings\nSCHEDULER_LEASE_SECONDS=90\nSCHEDULER_JOBS=a,b\n", encoding="utf-8"
+    )
+    settings = load_settings()
+    assert settings.lease_seconds == 90
+    assert settings.jobs == ["a", "b"]
+
+
+def test_a_misspelt_variable_in_the_dotenv_file_is_refused(clean_environment: Path) -> None:
+    (clean_environment / ".env").write_text("SCHEDULER_LEASE_SECOND=90\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert str(caught.value).startswith("SCHEDULER_LEASE_SECOND")
+
+
+def test_a_bad_value_in_the_dotenv_file_is_refused_naming_the_variable(
+    clean_environment: Path,
+) -> None:
+    (clean_environment / ".env").write_text("SCHEDULER_LOG_FORMAT=xml\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert str(caught.value).startswith("SCHEDULER_LOG_FORMAT")
+
+
+# --- Bad values stop start-up with one line naming the variable ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        pytest.param("SCHEDULER_DATABASE_URL", "not a url", id="unparseable-url"),
+        pytest.param("SCHEDULER_DATABASE_URL", "oracle://u:p@h/db", id="unsupported-scheme"),
+        pytest.param("SCHEDULER_DATABASE_URL", "postgresql+asyncpg:///db", id="url-without-host"),
+        pytest.param("SCHEDULER_LEASE_SECONDS", "-1", id="negative-lease"),
+        pytest.param("SCHEDULER_LEASE_SECONDS", "soon", id="lease-not-a-number"),
+        pytest.param("SCHEDULER_SHUTDOWN_DRAIN_TIMEOUT", "-1", id="negative-drain-timeout"),
+        pytest.param("SCHEDULER_SHUTDOWN_CANCEL_TIMEOUT", "-1", id="negative-cancel-timeout"),
+        pytest.param("SCHEDULER_TIMEZONE", "Mars/Base", id="unknown-timezone"),
+        pytest.param("SCHEDULER_LOG_FORMAT", "xml", id="unknown-log-format"),
+        pytest.param("SCHEDULER_LOG_LEVEL", "LOUD", id="unknown-log-level"),
+        pytest.param("SCHEDULER_HTTP_PORT", "70000", id="port-out-of-range"),
+        pytest.param("SCHEDULER_HEARTBEAT_SECONDS", "60", id="heartbeat-equal-to-lease"),
+        pytest.param("SCHEDULER_HEARTBEAT_SECONDS", "61", id="heartbeat-longer-than-lease"),
+        pytest.param("SCHEDULER_LEASE_SECOND", "30", id="misspelt-variable"),
+    ],
+)
+def test_a_bad_value_is_refused_with_one_line_starting_with_the_variable_name(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    error = refusal(monkeypatch, variable, value)
+    message = str(error)
+    assert message.startswith(variable + ":"), message
+    assert "\n" not in message
+    assert error.variable == variable
+
+
+def test_a_heartbeat_is_checked_against_the_lease_actually_configured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SCHEDULER_LEASE_SECONDS", "10")
+    error = refusal(monkeypatch, "SCHEDULER_HEARTBEAT_SECONDS", "10")
+    assert str(error).startswith("SCHEDULER_HEARTBEAT_SECONDS")
+    monkeypatch.setenv("SCHEDULER_HEARTBEAT_SECONDS", "9")
+    assert load_settings().heartbeat_seconds == 9
+
+
+def test_config_error_is_a_slotcron_error_not_a_validation_error() -> None:
+    from app.errors import SlotcronError
+
+    assert issubclass(ConfigError, SlotcronError)
+
+
+# --- A database password never appears in any output --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        pytest.param(f"oracle://u:{PASSWORD}@h/db", id="unsupported-scheme"),
+        pytest.param(f"postgresql://u:{PASSWORD}@h:port/db", id="unparseable-port"),
+        pytest.param(f"u:{PASSWORD}@h/db", id="unparseable-no-scheme"),
+        pytest.param(f"oracle://u:{PASSWORD}@h:port/db", id="unparseable-and-unsupported"),
+        pytest.param(f"postgresql://u:{PASSWORD}@/db", id="no-host"),
+        pytest.param(PASSWORD, id="password-pasted-alone"),
+    ],
+)
+def test_a_refused_database_url_never_shows_its_password(
+    monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    error = refusal(monkeypatch, "SCHEDULER_DATABASE_URL", url)
+    assert str(error).startswith("SCHEDULER_DATABASE_URL")
+    assert PASSWORD not in str(error)
+    assert PASSWORD not in repr(error)
+    assert PASSWORD not in error.problem
+
+
+def test_an_accepted_database_url_never_shows_its_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDULER_DATABASE_URL", f"postgresql://u:{PASSWORD}@h/db")
+    settings = load_settings()
+    assert settings.safe_url == "postgresql+asyncpg://u:***@h/db"
+    assert PASSWORD not in settings.safe_url
+    assert PASSWORD not in repr(settings)
+    assert PASSWORD not in str(settings)
+    assert PASSWORD not in str(settings.database_url)
+
+
+def test_a_password_given_as_a_query_argument_never_shows_either(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SCHEDULER_DATABASE_URL", f"postgresql://u@h/db?password={PASSWORD}")
+    settings = load_settings()
+    assert PASSWORD not in settings.safe_url
