@@ -118,12 +118,16 @@ def import_jobs(modules: Sequence[str]) -> list[Job]:
     return list(REGISTRY)
 
 
-def _run_async(coro: Coroutine[Any, Any, Any]) -> Any:
+def _runner() -> asyncio.Runner:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
-        return asyncio.run(coro)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return asyncio.Runner()
+    return asyncio.Runner(loop_factory=uvloop.new_event_loop)
+
+
+def _run_async(coro: Coroutine[Any, Any, Any]) -> Any:
+    with _runner() as runner:
         return runner.run(coro)
 
 
@@ -135,7 +139,15 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
         logging.getLogger("slotcron").warning(
             "no jobs registered: pass --jobs MODULE or set SCHEDULER_JOBS"
         )
-    _run_async(Service(settings, jobs).run())
+    with _runner() as runner:
+        clean = runner.run(Service(settings, jobs).run())
+        if not clean:
+            # A job swallowed its cancellation; it is recorded STOPPED. Leaving the runner
+            # would await it forever, so leave the process instead.
+            logging.getLogger("slotcron").warning("exiting with runs that ignored cancellation")
+            logging.shutdown()
+            sys.stdout.flush()
+            os._exit(0)
     return 0
 
 

@@ -141,8 +141,9 @@ class Service:
     async def stop(self, signals: Signals | None = None) -> None:
         await shut_down(self, signals or Signals())
 
-    async def run(self) -> None:
-        """Run until SIGTERM/SIGINT, then shut down in phases."""
+    async def run(self) -> bool:
+        """Run until SIGTERM/SIGINT, then shut down in phases. False when some run ignored
+        cancellation and is still alive (the caller must then exit without awaiting it)."""
         signals = Signals()
         signals.install()
         starting = asyncio.create_task(self.start(signals.requested))
@@ -152,7 +153,8 @@ class Service:
             starting.cancel()
             await self.db.close()
             log.info("stopped before start-up completed")
-            return
+            return True
         starting.result()
         await requested
         await self.stop(signals)
+        return len(self.runs) == 0

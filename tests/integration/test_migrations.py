@@ -1,0 +1,206 @@
+"""The Alembic history, driven through the real ``slotcron`` command on every backend.
+
+Each test gets a fresh, empty database of its backend (``empty_db_url``) and migrates it the
+way an operator would: ``slotcron migrate`` in a subprocess with ``SCHEDULER_DATABASE_URL``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import func, inspect, insert, select, text
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import IntegrityError
+
+from app.store.database import Database
+from app.store.migrate import head_revision
+from app.store.tables import executions, jobs, metadata
+
+T = TypeVar("T")
+
+TABLES = {"scheduler_jobs", "scheduler_executions", "scheduler_instances"}
+CONTRACT_COLUMNS = {
+    "scheduler_jobs": {"name", "schedule", "options", "paused"},
+    "scheduler_executions": {
+        "id", "job_name", "scheduled_at", "trigger", "status", "attempt", "instance_id",
+        "started_at", "heartbeat_at", "lease_until", "finished_at", "error", "params", "state",
+    },
+    "scheduler_instances": {
+        "instance_id", "host", "pid", "version", "started_at", "heartbeat_at", "state",
+    },
+}
+SLOT = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def slotcron(
+    url: str, *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """The console script, with no ``SCHEDULER_*`` variable but the ones given."""
+    environ = {k: v for k, v in os.environ.items() if not k.upper().startswith("SCHEDULER_")}
+    environ["SCHEDULER_DATABASE_URL"] = url
+    environ.update(env or {})
+    return subprocess.run(
+        ["slotcron", *args],
+        cwd=cwd,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def migrate(url: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    done = slotcron(url, "migrate", cwd=cwd)
+    assert done.returncode == 0, f"slotcron migrate failed:\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def on_database(url: str, work: Callable[[Connection], T]) -> T:
+    """Run ``work`` on a sync view of one connection to ``url``, in one committed transaction."""
+
+    async def go() -> T:
+        db = Database.connect(make_url(url), 1)
+        try:
+            async with db.engine.begin() as conn:
+                return await conn.run_sync(work)
+        finally:
+            await db.close()
+
+    return asyncio.run(go())
+
+
+def table_names(url: str) -> set[str]:
+    return set(on_database(url, lambda conn: inspect(conn).get_table_names()))
+
+
+def revision(url: str) -> list[str]:
+    return on_database(
+        url, lambda conn: list(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
+    )
+
+
+def execution_row(attempt: int) -> dict[str, Any]:
+    return {
+        "job_name": "nightly",
+        "scheduled_at": SLOT,
+        "trigger": "cron",
+        "status": "COMPLETED",
+        "attempt": attempt,
+        "created_at": SLOT,
+    }
+
+
+def test_migrate_creates_the_three_tables_with_the_contract_columns_on_an_empty_database(
+    empty_db_url: str, tmp_path: Path
+) -> None:
+    assert not table_names(empty_db_url) & TABLES
+    done = migrate(empty_db_url, tmp_path)
+    assert f"to revision {head_revision()}" in done.stdout
+
+    def columns(conn: Connection) -> dict[str, set[str]]:
+        inspector = inspect(conn)
+        return {t: {c["name"] for c in inspector.get_columns(t)} for t in TABLES}
+
+    found = on_database(empty_db_url, columns)
+    for table, wanted in CONTRACT_COLUMNS.items():
+        assert wanted <= found[table], f"{table} lacks {sorted(wanted - found[table])}"
+    assert revision(empty_db_url) == [head_revision()]
+
+
+def test_one_attempt_of_one_slot_of_one_job_can_be_recorded_only_once(
+    empty_db_url: str, tmp_path: Path
+) -> None:
+    migrate(empty_db_url, tmp_path)
+    # A second attempt of the same slot is a row of its own; only the triple is unique.
+    on_database(empty_db_url, lambda conn: conn.execute(insert(executions), [execution_row(1)]))
+    on_database(empty_db_url, lambda conn: conn.execute(insert(executions), [execution_row(2)]))
+    with pytest.raises(IntegrityError):
+        on_database(
+            empty_db_url, lambda conn: conn.execute(insert(executions), [execution_row(1)])
+        )
+    count = on_database(
+        empty_db_url, lambda conn: conn.execute(select(func.count()).select_from(executions))
+        .scalar_one()
+    )
+    assert count == 2
+
+
+def test_migrating_a_database_already_at_head_changes_nothing(
+    empty_db_url: str, tmp_path: Path
+) -> None:
+    migrate(empty_db_url, tmp_path)
+    at = revision(empty_db_url)
+    on_database(
+        empty_db_url,
+        lambda conn: conn.execute(
+            insert(jobs),
+            [{
+                "name": "kept", "kind": "cron", "schedule": "* * * * *", "timezone": "UTC",
+                "options": {}, "paused": False, "registered_at": SLOT, "updated_at": SLOT,
+            }],
+        ),
+    )
+
+    again = migrate(empty_db_url, tmp_path)
+
+    assert f"already at revision {head_revision()}" in again.stdout
+    assert revision(empty_db_url) == at == [head_revision()]
+    names = on_database(empty_db_url, lambda conn: list(conn.execute(select(jobs.c.name)).scalars()))
+    assert names == ["kept"]
+
+
+def test_migrate_sql_prints_the_schema_and_leaves_the_database_untouched(
+    backend: str, empty_db_url: str, tmp_path: Path
+) -> None:
+    done = slotcron(empty_db_url, "migrate", "--sql", cwd=tmp_path)
+
+    assert done.returncode == 0, done.stderr
+    for table in sorted(TABLES):
+        assert f"CREATE TABLE {table}" in done.stdout, f"no CREATE TABLE {table} in:\n{done.stdout}"
+    if backend == "sqlite":
+        database = make_url(empty_db_url).database
+        assert database and not Path(database).exists(), "--sql created the SQLite file"
+    assert table_names(empty_db_url) == set()
+
+
+def test_the_tables_the_migrations_create_are_the_tables_the_app_queries(
+    empty_db_url: str, tmp_path: Path
+) -> None:
+    migrate(empty_db_url, tmp_path)
+
+    differences = on_database(
+        empty_db_url, lambda conn: compare_metadata(MigrationContext.configure(conn), metadata)
+    )
+
+    assert differences == [], f"app.store.tables and the migrations disagree: {differences}"
+
+
+def test_run_refuses_an_unmigrated_database_when_auto_migrate_is_off(
+    empty_db_url: str, tmp_path: Path
+) -> None:
+    done = slotcron(
+        empty_db_url,
+        "run",
+        "--jobs",
+        "app.examples",
+        cwd=tmp_path,
+        env={"SCHEDULER_AUTO_MIGRATE": "false"},
+        timeout=20,
+    )
+
+    assert done.returncode == 2, f"exit {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "SCHEDULER_AUTO_MIGRATE" in lines[0]
+    assert "slotcron migrate" in lines[0]
+    assert not table_names(empty_db_url) & TABLES
