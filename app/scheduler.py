@@ -19,6 +19,7 @@ from app.clock import Clock
 from app.registry import Job
 from app.runner import Runner
 from app.schedule import Schedule
+from app.store.claims import Claim
 
 log = logging.getLogger("slotcron.scheduler")
 
@@ -67,16 +68,36 @@ class Scheduler:
     def _push(self, job: Job, slot: datetime) -> None:
         heapq.heappush(self._heap, (slot, next(self._seq), job))
 
+    def _push_and_wake(self, job: Job, slot: datetime) -> None:
+        self._push(job, slot)
+        self._wake.set()
+
+    async def _sleep_until_due(self) -> None:
+        """Sleep until the earliest slot, or until the heap changes under us."""
+        if not self._heap:
+            await self._wake.wait()
+        else:
+            sleeper = asyncio.ensure_future(self.clock.sleep_until(self._heap[0][0]))
+            waker = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                waker.cancel()
+        self._wake.clear()
+
     async def _plan(self) -> None:
-        while self._heap:
-            await self.clock.sleep_until(self._heap[0][0])
+        while True:
+            await self._sleep_until_due()
             now = self.clock.now()
             while self._heap and self._heap[0][0] <= now:
                 slot, _, job = heapq.heappop(self._heap)
                 schedule = self.schedule_of(job)
                 if now - slot > grace(schedule, slot):
-                    self._spawn(self._misfire(job, slot, now), job)
-                    self._push(job, schedule.next_after(now))
+                    late, resume = self._late_slots(job, slot, now)
+                    # The job re-enters the heap only once its late slots are decided: a newer
+                    # slot claimed first would close them (the high-water mark) unrecorded.
+                    self._spawn(self._misfire(job, late, now, resume), job)
                 else:
                     self._spawn(self._fire(job, slot), job)
                     self._push(job, schedule.next_after(slot))
@@ -87,6 +108,13 @@ class Scheduler:
         self._claiming.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(self._claiming.discard)
+
+    async def _run_claimed(self, job: Job, claim: Claim) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._claiming.discard(task)
+        async with self._capacity:
+            await self.runner.run(job, claim)
 
     async def _fire(self, job: Job, slot: datetime, trigger: str | None = None) -> None:
         await self._capacity.acquire()
@@ -104,28 +132,50 @@ class Scheduler:
         finally:
             self._capacity.release()
 
-    async def _misfire(self, job: Job, first: datetime, now: datetime) -> None:
-        """Account for slots this instance reached too late, by the job's misfire policy."""
+    def _late_slots(self, job: Job, first: datetime, now: datetime) -> tuple[list[datetime], datetime]:
+        """The slots from ``first`` on that are past their grace, within ``catchup_window``,
+        and the first slot that is not late (where normal firing resumes)."""
         schedule = self.schedule_of(job)
         window_start = now - timedelta(seconds=job.catchup_window)
         late: list[datetime] = []
         passed_over = 0
         slot = first
-        while slot <= now:
-            if now - slot <= grace(schedule, slot):
-                break  # still on time: the planner fires it normally
+        while now - slot > grace(schedule, slot):
             if slot >= window_start:
                 late.append(slot)
             else:
                 passed_over += 1
             slot = schedule.next_after(slot)
         if passed_over:
-            log.warning("%s: %d slots older than catchup_window=%gs passed over", job.name,
-                        passed_over, job.catchup_window)
+            log.warning(
+                "%s: %d slots older than catchup_window=%gs passed over",
+                job.name, passed_over, job.catchup_window,
+            )
+        return late, slot
+
+    async def _misfire(
+        self, job: Job, late: list[datetime], now: datetime, resume: datetime
+    ) -> None:
+        """Account for slots this instance reached too late, by the job's misfire policy:
+        ``skip`` records each MISSED, ``once`` runs the newest as ``catchup`` and records the
+        rest MISSED, ``all`` runs each in order as ``catchup``."""
+        try:
+            await self._decide_late(job, late, now)
+        finally:
+            self._push_and_wake(job, resume)
+
+    async def _decide_late(self, job: Job, late: list[datetime], now: datetime) -> None:
         run = {"skip": [], "once": late[-1:], "all": late}[job.misfire]
         for slot in late:
-            if slot in run:
+            if slot in run and job.overlap == "forbid":
+                # One after another: each catch-up run ends before the next slot is claimed,
+                # so forbid holds and none of them is SKIPPED for overlapping its predecessor.
                 await self._fire(job, slot, trigger="catchup")
+            elif slot in run:
+                # Claimed in order; the runs go on side by side (overlap="allow").
+                claim = await self.claimer.claim(job, slot, trigger="catchup")
+                if claim is not None and claim.status == "RUNNING":
+                    self._spawn(self._run_claimed(job, claim), job)
             else:
                 lateness = (now - slot).total_seconds()
                 await self.claimer.claim(

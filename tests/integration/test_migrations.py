@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import func, inspect, insert, select, text
+from sqlalchemy import func, insert, inspect, select, text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import IntegrityError
 
@@ -31,14 +31,42 @@ TABLES = {"scheduler_jobs", "scheduler_executions", "scheduler_instances"}
 CONTRACT_COLUMNS = {
     "scheduler_jobs": {"name", "schedule", "options", "paused"},
     "scheduler_executions": {
-        "id", "job_name", "scheduled_at", "trigger", "status", "attempt", "instance_id",
-        "started_at", "heartbeat_at", "lease_until", "finished_at", "error", "params", "state",
+        "id",
+        "job_name",
+        "scheduled_at",
+        "trigger",
+        "status",
+        "attempt",
+        "instance_id",
+        "started_at",
+        "heartbeat_at",
+        "lease_until",
+        "finished_at",
+        "error",
+        "params",
+        "state",
     },
     "scheduler_instances": {
-        "instance_id", "host", "pid", "version", "started_at", "heartbeat_at", "state",
+        "instance_id",
+        "host",
+        "pid",
+        "version",
+        "started_at",
+        "heartbeat_at",
+        "state",
     },
 }
 SLOT = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+KEPT_JOB = {
+    "name": "kept",
+    "kind": "cron",
+    "schedule": "* * * * *",
+    "timezone": "UTC",
+    "options": {},
+    "paused": False,
+    "registered_at": SLOT,
+    "updated_at": SLOT,
+}
 
 
 def slotcron(
@@ -84,9 +112,8 @@ def table_names(url: str) -> set[str]:
 
 
 def revision(url: str) -> list[str]:
-    return on_database(
-        url, lambda conn: list(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
-    )
+    query = text("SELECT version_num FROM alembic_version")
+    return on_database(url, lambda conn: list(conn.execute(query).scalars()))
 
 
 def execution_row(attempt: int) -> dict[str, Any]:
@@ -125,12 +152,10 @@ def test_one_attempt_of_one_slot_of_one_job_can_be_recorded_only_once(
     on_database(empty_db_url, lambda conn: conn.execute(insert(executions), [execution_row(1)]))
     on_database(empty_db_url, lambda conn: conn.execute(insert(executions), [execution_row(2)]))
     with pytest.raises(IntegrityError):
-        on_database(
-            empty_db_url, lambda conn: conn.execute(insert(executions), [execution_row(1)])
-        )
+        on_database(empty_db_url, lambda conn: conn.execute(insert(executions), [execution_row(1)]))
     count = on_database(
-        empty_db_url, lambda conn: conn.execute(select(func.count()).select_from(executions))
-        .scalar_one()
+        empty_db_url,
+        lambda conn: conn.execute(select(func.count()).select_from(executions)).scalar_one(),
     )
     assert count == 2
 
@@ -144,10 +169,7 @@ def test_migrating_a_database_already_at_head_changes_nothing(
         empty_db_url,
         lambda conn: conn.execute(
             insert(jobs),
-            [{
-                "name": "kept", "kind": "cron", "schedule": "* * * * *", "timezone": "UTC",
-                "options": {}, "paused": False, "registered_at": SLOT, "updated_at": SLOT,
-            }],
+            [dict(KEPT_JOB)],
         ),
     )
 
@@ -155,7 +177,9 @@ def test_migrating_a_database_already_at_head_changes_nothing(
 
     assert f"already at revision {head_revision()}" in again.stdout
     assert revision(empty_db_url) == at == [head_revision()]
-    names = on_database(empty_db_url, lambda conn: list(conn.execute(select(jobs.c.name)).scalars()))
+    names = on_database(
+        empty_db_url, lambda conn: list(conn.execute(select(jobs.c.name)).scalars())
+    )
     assert names == ["kept"]
 
 

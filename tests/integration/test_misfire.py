@@ -1,0 +1,107 @@
+"""Late slots, with time moved by the scheduler's own clock instead of slept through."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import select
+
+from app import JobContext
+from app.clock import ManualClock
+from app.registry import Registry, every
+from app.store.database import Database
+from app.store.tables import executions
+from tests.conftest import ServiceFactory, wait_for
+
+T0 = datetime(2026, 11, 22, 0, 0, 0, 500_000, tzinfo=UTC)
+
+
+def at(seconds: int) -> str:
+    return (T0.replace(microsecond=0) + timedelta(seconds=seconds)).isoformat()
+
+
+async def outcomes(db: Database) -> dict[str, tuple[str, str]]:
+    async with db.read() as conn:
+        rows = (await conn.execute(select(executions))).mappings().all()
+    return {r["scheduled_at"].isoformat(): (r["status"], r["trigger"]) for r in rows}
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("skip", {20: ("MISSED", "interval"), 30: ("MISSED", "interval")}),
+        ("once", {20: ("MISSED", "interval"), 30: ("COMPLETED", "catchup")}),
+        ("all", {20: ("COMPLETED", "catchup"), 30: ("COMPLETED", "catchup")}),
+    ],
+)
+async def test_slots_reached_late_are_accounted_for_by_the_misfire_policy(
+    db: Database, start_service: ServiceFactory, policy: str, expected: dict[int, tuple[str, str]]
+) -> None:
+    registry = Registry()
+    ran: list[datetime] = []
+
+    @every(seconds=10, name="ten", misfire=policy, registry=registry)
+    async def ten(ctx: JobContext) -> None:
+        ran.append(ctx.scheduled_at)
+
+    clock = ManualClock(T0)
+    await start_service(list(registry), clock=clock)
+    await clock.set(T0 + timedelta(seconds=10))
+    await wait_for(lambda: len(ran) == 1, what="the on-time slot :10")
+    # The instance stalls 35 s: :20 and :30 are past their grace (one period), :40 is not.
+    await clock.set(T0 + timedelta(seconds=45))
+    want = {at(10): ("COMPLETED", "interval"), **{at(k): v for k, v in expected.items()},
+            at(40): ("COMPLETED", "interval")}
+
+    async def settled() -> bool:
+        return await outcomes(db) == want
+
+    await wait_for(settled, what=f"outcomes {want}")
+    assert sorted(ran) == sorted(
+        datetime.fromisoformat(slot) for slot, (status, _) in want.items() if status == "COMPLETED"
+    )
+
+
+async def test_slots_older_than_the_catchup_window_are_passed_over_not_recorded(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    registry = Registry()
+
+    @every(seconds=10, name="window", misfire="skip", catchup_window=30, registry=registry)
+    async def window() -> None: ...
+
+    clock = ManualClock(T0)
+    await start_service(list(registry), clock=clock)
+    # At 01:05.5 the window reaches back to 00:35.5: :10 .. :30 are passed over, :40 and :50
+    # are recorded MISSED, :60 is on time.
+    await clock.set(T0 + timedelta(seconds=65))
+
+    async def settled() -> bool:
+        return await outcomes(db) == {
+            at(40): ("MISSED", "interval"),
+            at(50): ("MISSED", "interval"),
+            at(60): ("COMPLETED", "interval"),
+        }
+
+    await wait_for(settled, what="only the slots inside the window recorded")
+
+
+async def test_an_on_time_slot_never_fires_before_its_time(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    registry = Registry()
+    ran: list[tuple[datetime, datetime]] = []
+    clock = ManualClock(T0)
+
+    @every(seconds=10, name="punctual", registry=registry)
+    async def punctual(ctx: JobContext) -> None:
+        ran.append((ctx.scheduled_at, clock.now()))
+
+    await start_service(list(registry), clock=clock)
+    await clock.set(T0 + timedelta(seconds=9.4))  # 00:00:09.9, a hair before the slot
+    assert ran == []
+    await clock.set(T0 + timedelta(seconds=9.5))
+    await wait_for(lambda: ran, what="the slot at :10")
+    assert ran[0][0] == datetime.fromisoformat(at(10))
+    assert ran[0][1] >= ran[0][0]

@@ -1,0 +1,373 @@
+"""The ``slotcron`` command line, run as the real console script against SQLite in a temp dir.
+
+Every command runs in a subprocess with no ``SCHEDULER_*`` variable but the ones the test sets,
+with the test's temp directory as working directory (so job modules written there import).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
+EXAMPLE_JOBS = ("examples.heartbeat", "examples.report", "examples.flaky", "examples.every_minute")
+HISTORY_FIELDS = {
+    "id",
+    "job",
+    "scheduled_at",
+    "trigger",
+    "status",
+    "attempt",
+    "instance_id",
+    "started_at",
+    "finished_at",
+    "duration_ms",
+    "error",
+    "params",
+    "state",
+}
+PASSWORD = "hunter2"
+
+
+@dataclass
+class Cli:
+    """The console script bound to one temp directory and its SQLite database."""
+
+    cwd: Path
+    db_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"sqlite+aiosqlite:///{self.db_path}"
+
+    def env(self, overrides: dict[str, str] | None = None) -> dict[str, str]:
+        environ = {k: v for k, v in os.environ.items() if not k.upper().startswith("SCHEDULER_")}
+        environ["SCHEDULER_DATABASE_URL"] = self.url
+        environ.update(overrides or {})
+        return environ
+
+    def __call__(
+        self, *args: str, env: dict[str, str] | None = None, timeout: float = 30
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["slotcron", *args],
+            cwd=self.cwd,
+            env=self.env(env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def ok(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        done = self(*args, env=env)
+        assert done.returncode == 0, (
+            f"slotcron {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+        )
+        return done
+
+    def write_module(self, name: str, source: str) -> str:
+        (self.cwd / f"{name}.py").write_text(textwrap.dedent(source), encoding="utf-8")
+        return name
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    return Cli(cwd=tmp_path, db_path=tmp_path / "x.db")
+
+
+def poll(probe: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.2) -> T:
+    """Call ``probe`` until it returns something other than None; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def parse_utc(text: str) -> datetime:
+    assert ISO_UTC.match(text), f"{text!r} is not ISO-8601 UTC ending in Z"
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr}"
+    return lines[0]
+
+
+# --- version and usage ----------------------------------------------------------------------
+
+
+def test_the_console_script_and_python_m_app_report_the_same_version(cli: Cli) -> None:
+    script = cli.ok("--version")
+    module = subprocess.run(
+        [sys.executable, "-m", "app", "--version"],
+        cwd=cli.cwd,
+        env=cli.env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+    assert module.returncode == 0, module.stderr
+    assert script.stdout.strip().startswith("slotcron ")
+    assert module.stdout == script.stdout
+
+
+def test_an_unknown_command_is_bad_usage(cli: Cli) -> None:
+    done = cli("frobnicate")
+
+    assert done.returncode == 2
+    assert "frobnicate" in done.stderr
+
+
+def test_an_unknown_option_is_bad_usage(cli: Cli) -> None:
+    done = cli("history", "--bogus")
+
+    assert done.returncode == 2
+    assert "--bogus" in done.stderr
+
+
+# --- check ----------------------------------------------------------------------------------
+
+
+def test_check_prints_the_next_five_future_utc_slots_of_every_example_job(cli: Cli) -> None:
+    before = datetime.now(UTC)
+    done = cli.ok("check", "--jobs", "app.examples")
+
+    lines = done.stdout.splitlines()
+    for job in EXAMPLE_JOBS:
+        headers = [i for i, line in enumerate(lines) if line.split()[:1] == [job]]
+        assert len(headers) == 1, f"{job} is not listed once in:\n{done.stdout}"
+        following = lines[headers[0] + 1 : headers[0] + 6]
+        assert len(following) == 5, f"{job}: fewer than 5 slot lines in:\n{done.stdout}"
+        slots = [parse_utc(line.strip()) for line in following]
+        assert slots[0] > before, f"{job}: first slot {slots[0]} is not in the future"
+        assert all(a < b for a, b in itertools.pairwise(slots)), f"{job}: {slots}"
+
+
+def test_check_names_the_job_and_the_field_of_a_bad_cron_expression(cli: Cli) -> None:
+    module = cli.write_module(
+        "badcron",
+        """
+        from app import cron
+
+        @cron("61 * * * *", name="broken_minute")
+        async def broken() -> None: ...
+        """,
+    )
+
+    done = cli("check", "--jobs", module)
+
+    assert done.returncode == 2
+    line = one_line(done.stderr)
+    assert "broken_minute" in line
+    assert "schedule" in line
+
+
+def test_check_names_a_jobs_module_that_does_not_exist(cli: Cli) -> None:
+    done = cli("check", "--jobs", "no_such_jobs_module")
+
+    assert done.returncode == 2
+    assert "no_such_jobs_module" in one_line(done.stderr)
+
+
+# --- configuration --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("SCHEDULER_LEASE_SECONDS", "-1"),
+        ("SCHEDULER_TIMEZONE", "Mars/Base"),
+        ("SCHEDULER_DATABASE_URL", f"postgresql+asyncpg://u:{PASSWORD}@:5432/"),
+        ("SCHEDULER_DATABASE_URL", f"oracle://u:{PASSWORD}@h/db"),
+    ],
+    ids=["negative-lease", "unknown-timezone", "url-without-host", "unsupported-database"],
+)
+def test_a_bad_configuration_value_stops_with_one_line_naming_the_variable(
+    cli: Cli, variable: str, value: str
+) -> None:
+    done = cli("check", env={variable: value})
+
+    assert done.returncode == 2, f"exit {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    assert variable in one_line(done.stderr)
+    assert PASSWORD not in done.stdout + done.stderr
+
+
+def database_snapshot(path: Path) -> tuple[str, int, dict[str, int], list[str]]:
+    """The file's digest and mtime, each table's row count, and the Alembic revision."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    mtime = path.stat().st_mtime_ns
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'scheduler_%'"
+            )
+        ]
+        counts = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables}
+        version = [r[0] for r in conn.execute("SELECT version_num FROM alembic_version")]
+    conn.close()
+    return digest, mtime, counts, version
+
+
+def test_bad_jobs_or_bad_configuration_never_touch_the_stored_data(cli: Cli) -> None:
+    cli.ok("migrate")
+    with sqlite3.connect(cli.db_path) as conn:
+        conn.execute(
+            "INSERT INTO scheduler_jobs (name, kind, schedule, timezone, options, paused,"
+            " registered_at, updated_at) VALUES ('kept', 'cron', '* * * * *', 'UTC', '{}', 0,"
+            " '2030-01-01 00:00:00.000000', '2030-01-01 00:00:00.000000')"
+        )
+    conn.close()
+    before = database_snapshot(cli.db_path)
+    assert before[2]["scheduler_jobs"] == 1
+    assert before[3], "no Alembic revision after migrate"
+    module = cli.write_module(
+        "badjobs",
+        """
+        from app import every
+
+        @every(seconds=0, name="never")
+        async def never() -> None: ...
+        """,
+    )
+
+    attempts = [
+        cli("check", "--jobs", module),
+        cli("run", "--jobs", module),
+        cli("run", "--jobs", "app.examples", env={"SCHEDULER_LEASE_SECONDS": "-1"}),
+        cli("run", "--jobs", "app.examples", env={"SCHEDULER_LOG_LEVEL": "LOUD"}),
+    ]
+
+    assert [a.returncode for a in attempts] == [2, 2, 2, 2], [a.stderr for a in attempts]
+    assert database_snapshot(cli.db_path) == before
+
+
+# --- history --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def ticking_history(cli: Cli) -> Iterator[list[dict[str, Any]]]:
+    """A database with executions written by the real service: ``tick`` completing and
+    ``boom`` failing every second. Yields the final ``history --json`` after a clean SIGTERM."""
+    module = cli.write_module(
+        "ticks",
+        """
+        from app import every
+
+        @every(seconds=1, name="tick")
+        async def tick() -> None:
+            pass
+
+        @every(seconds=1, name="boom")
+        async def boom() -> None:
+            raise RuntimeError("boom went the job on purpose")
+        """,
+    )
+    log_path = cli.cwd / "service.log"
+    env = cli.env(
+        {"SCHEDULER_SHUTDOWN_DRAIN_TIMEOUT": "5", "SCHEDULER_SHUTDOWN_CANCEL_TIMEOUT": "5"}
+    )
+    with log_path.open("w") as log:
+        service = subprocess.Popen(
+            ["slotcron", "run", "--jobs", module],
+            cwd=cli.cwd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    try:
+
+        def enough() -> list[dict[str, Any]] | None:
+            assert service.poll() is None, f"service exited early:\n{log_path.read_text()}"
+            done = cli("history", "--json", "--limit", "500")
+            if done.returncode != 0:  # not migrated yet
+                return None
+            records: list[dict[str, Any]] = json.loads(done.stdout)
+            ticks = [r for r in records if r["job"] == "tick" and r["status"] == "COMPLETED"]
+            booms = [r for r in records if r["job"] == "boom" and r["status"] == "FAILED"]
+            return records if len(ticks) >= 2 and len(booms) >= 1 else None
+
+        poll(enough, timeout=30, what="2 COMPLETED tick and 1 FAILED boom in history")
+        service.send_signal(signal.SIGTERM)
+        code = service.wait(timeout=15)
+        assert code == 0, f"service exited {code} on SIGTERM:\n{log_path.read_text()}"
+    finally:
+        if service.poll() is None:
+            service.kill()
+            service.wait(timeout=10)
+    yield json.loads(cli.ok("history", "--json", "--limit", "500").stdout)
+
+
+def test_history_json_lists_every_contract_field_newest_first_in_utc(
+    cli: Cli, ticking_history: list[dict[str, Any]]
+) -> None:
+    records = ticking_history
+
+    assert isinstance(records, list) and records
+    for record in records:
+        assert record.keys() >= HISTORY_FIELDS, f"missing {HISTORY_FIELDS - record.keys()}"
+        for key in ("scheduled_at", "started_at", "finished_at"):
+            if record[key] is not None:
+                parse_utc(record[key])
+    slots = [parse_utc(r["scheduled_at"]) for r in records]
+    assert slots == sorted(slots, reverse=True), "history is not newest first"
+    failed = [r for r in records if r["job"] == "boom" and r["status"] == "FAILED"]
+    assert failed and all("boom went the job on purpose" in (r["error"] or "") for r in failed)
+    completed = [r for r in records if r["job"] == "tick" and r["status"] == "COMPLETED"]
+    assert len(completed) >= 2
+    assert all(isinstance(r["duration_ms"], int) and r["duration_ms"] >= 0 for r in completed)
+
+    latest = json.loads(
+        cli.ok("history", "tick", "--status", "COMPLETED", "--limit", "1", "--json").stdout
+    )
+    assert len(latest) == 1
+    assert (latest[0]["job"], latest[0]["status"]) == ("tick", "COMPLETED")
+    assert latest[0] == completed[0]
+
+    table = cli.ok("history").stdout
+    for word in ("STATUS", "tick", "boom", "COMPLETED", "FAILED"):
+        assert word in table, f"{word} not in the history table:\n{table}"
+
+    bogus = cli("history", "--status", "bogus")
+    assert bogus.returncode == 2
+    assert "bogus" in bogus.stderr
+
+
+def test_history_against_an_unreachable_database_says_database_error_without_the_password(
+    cli: Cli,
+) -> None:
+    done = cli(
+        "history",
+        env={"SCHEDULER_DATABASE_URL": f"postgresql+asyncpg://u:{PASSWORD}@127.0.0.1:1/x"},
+    )
+
+    assert done.returncode != 0
+    assert "database error" in one_line(done.stderr)
+    assert PASSWORD not in done.stdout + done.stderr
