@@ -1,9 +1,9 @@
 """slotcron: an asyncio cron scheduler for clusters. Every slot of every job runs exactly once.
 
-    from app import cron, every, JobContext
+from app import cron, every, JobContext
 
-    @cron("0 */10 * * *")
-    async def rank_members() -> None: ...
+@cron("0 */10 * * *")
+async def rank_members() -> None: ...
 """
 
 from app.context import JobContext

@@ -81,8 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands.required = True
 
     run = commands.add_parser("run", help="run the service until SIGTERM/SIGINT")
-    run.add_argument("--jobs", nargs="+", action="extend", default=[], metavar="MOD",
-                     help="modules to import for jobs (added to SCHEDULER_JOBS)")
+    run.add_argument(
+        "--jobs",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="MOD",
+        help="modules to import for jobs (added to SCHEDULER_JOBS)",
+    )
 
     migrate = commands.add_parser("migrate", help="apply the database migrations")
     migrate.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
@@ -93,8 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     history = commands.add_parser("history", help="executions, newest first")
     history.add_argument("job", nargs="?", metavar="JOB")
     history.add_argument("--status", type=_status)
-    history.add_argument("--since", type=_parse_since, metavar="WHEN",
-                         help="ISO-8601 time, or a duration back from now: 30m, 2h, 7d")
+    history.add_argument(
+        "--since",
+        type=_parse_since,
+        metavar="WHEN",
+        help="ISO-8601 time, or a duration back from now: 30m, 2h, 7d",
+    )
     history.add_argument("--limit", type=_positive_int, default=50)
     history.add_argument("--json", action="store_true", help="print one JSON array")
     return parser
@@ -232,15 +242,31 @@ def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("ID", "JOB", "SLOT (UTC)", "TRIGGER", "STATUS", "TRY", "INSTANCE", "TOOK",
-                   "ERROR"):
+    for column in (
+        "ID",
+        "JOB",
+        "SLOT (UTC)",
+        "TRIGGER",
+        "STATUS",
+        "TRY",
+        "INSTANCE",
+        "TOOK",
+        "ERROR",
+    ):
         table.add_column(column, overflow="fold" if column == "ERROR" else "ellipsis")
     for r in records:
         took = f"{r.duration_ms / 1000:.2f}s" if r.duration_ms is not None else ""
         first_error = (r.error or "").strip().splitlines()
         table.add_row(
-            str(r.id), r.job, iso(r.scheduled_at), r.trigger, r.status, str(r.attempt),
-            r.instance_id or "", took, first_error[-1] if first_error else "",
+            str(r.id),
+            r.job,
+            iso(r.scheduled_at),
+            r.trigger,
+            r.status,
+            str(r.attempt),
+            r.instance_id or "",
+            took,
+            first_error[-1] if first_error else "",
         )
     Console(width=max(Console().width, 160)).print(table)
     if not records:

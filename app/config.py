@@ -1,4 +1,4 @@
-"""One typed configuration object, read once from the environment (prefix ``SCHEDULER_``) and ``.env``.
+"""One typed configuration object, read once from the environment (``SCHEDULER_*``) and ``.env``.
 
 Everything else receives a :class:`Settings`; nothing reads the environment on its own.
 A wrong value fails at start-up with :class:`~app.errors.ConfigError` naming the variable,
@@ -130,9 +130,7 @@ class Settings(BaseSettings):
                 "postgresql+asyncpg or mysql+aiomysql"
             )
         if driver != "sqlite+aiosqlite" and not url.host:
-            raise ValueError(
-                f"database URL {render_url(url)!r} names no host"
-            )
+            raise ValueError(f"database URL {render_url(url)!r} names no host")
         return SecretStr(url.set(drivername=driver).render_as_string(hide_password=False))
 
     @field_validator("heartbeat_seconds")
@@ -197,8 +195,11 @@ def load_settings(**overrides: Any) -> Settings:
         loc = error["loc"][0] if error["loc"] else ""
         variable = PREFIX + str(loc).upper() if loc else "configuration"
         message = str(error["msg"]).removeprefix("Value error, ")
-        if loc != "database_url" and loc and "input" in error and not isinstance(
-            error["input"], dict
+        if (
+            loc != "database_url"
+            and loc
+            and "input" in error
+            and not isinstance(error["input"], dict)
         ):
             message += f" (got {error['input']!r})"
         raise ConfigError(variable, mask_url_text(message)) from None

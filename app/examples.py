@@ -1,6 +1,6 @@
 """Example jobs, so the first run shows slots firing within seconds.
 
-    slotcron run --jobs app.examples
+slotcron run --jobs app.examples
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Registration: ``@cron`` and ``@every`` turn coroutines into jobs, validated at decoration time."""
+"""Registration: ``@cron`` and ``@every`` turn coroutines into jobs, checked when declared."""
 
 from __future__ import annotations
 
@@ -180,9 +180,13 @@ def _build(
     if misfire not in MISFIRE:
         raise InvalidJobError(job_name, "misfire", f"must be one of {MISFIRE}, got {misfire!r}")
     catchup = _check_number(job_name, "catchup_window", catchup_window, minimum=0, strict=False)
-    lease_s = None if lease is None else _check_number(job_name, "lease", lease, minimum=0, strict=True)
+    lease_s = (
+        None if lease is None else _check_number(job_name, "lease", lease, minimum=0, strict=True)
+    )
     timeout_s = (
-        None if timeout is None else _check_number(job_name, "timeout", timeout, minimum=0, strict=True)
+        None
+        if timeout is None
+        else _check_number(job_name, "timeout", timeout, minimum=0, strict=True)
     )
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
         raise InvalidJobError(

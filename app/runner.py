@@ -140,8 +140,12 @@ class Runner:
         try:
             if job.jitter:
                 await self.clock.sleep(random.uniform(0, job.jitter))
-            log.debug("starting %s slot %s (execution %s)", job.name, claim.scheduled_at,
-                      claim.execution_id)
+            log.debug(
+                "starting %s slot %s (execution %s)",
+                job.name,
+                claim.scheduled_at,
+                claim.execution_id,
+            )
             async with timeout:
                 if job.timeout is not None:
                     timeout.reschedule(asyncio.get_running_loop().time() + job.timeout)
@@ -189,8 +193,12 @@ class Runner:
             self.outage.recovered()
             if status == "FAILED":
                 first = (error or "").strip().splitlines()[-1:] or [""]
-                log.warning("%s slot %s FAILED: %s", claim.job_name,
-                            claim.scheduled_at.isoformat(), first[0])
+                log.warning(
+                    "%s slot %s FAILED: %s",
+                    claim.job_name,
+                    claim.scheduled_at.isoformat(),
+                    first[0],
+                )
             else:
                 log.info("%s slot %s %s", claim.job_name, claim.scheduled_at.isoformat(), status)
             if not recorded:

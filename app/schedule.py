@@ -62,9 +62,7 @@ def normalise_cron(expression: str) -> tuple[str, bool]:
     try:
         croniter(text, datetime(2000, 1, 1), second_at_beginning=seconds_first)
         # Some impossible expressions (30 February) only fail when iterated.
-        croniter(text, datetime(2000, 1, 1), second_at_beginning=seconds_first).get_next(
-            datetime
-        )
+        croniter(text, datetime(2000, 1, 1), second_at_beginning=seconds_first).get_next(datetime)
     except Exception as exc:  # croniter raises several unrelated types for bad input
         raise ValueError(f"invalid cron expression {expression!r}: {exc}") from None
     return text, seconds_first

@@ -125,14 +125,17 @@ class Scheduler:
                 self._claiming.discard(task)  # past the claim: shutdown lets it drain
             if claim is None or claim.status != "RUNNING":
                 if claim is not None:
-                    log.info("%s slot %s %s: %s", job.name, slot.isoformat(), claim.status,
-                             claim.reason)
+                    log.info(
+                        "%s slot %s %s: %s", job.name, slot.isoformat(), claim.status, claim.reason
+                    )
                 return
             await self.runner.run(job, claim)
         finally:
             self._capacity.release()
 
-    def _late_slots(self, job: Job, first: datetime, now: datetime) -> tuple[list[datetime], datetime]:
+    def _late_slots(
+        self, job: Job, first: datetime, now: datetime
+    ) -> tuple[list[datetime], datetime]:
         """The slots from ``first`` on that are past their grace, within ``catchup_window``,
         and the first slot that is not late (where normal firing resumes)."""
         schedule = self.schedule_of(job)
@@ -149,7 +152,9 @@ class Scheduler:
         if passed_over:
             log.warning(
                 "%s: %d slots older than catchup_window=%gs passed over",
-                job.name, passed_over, job.catchup_window,
+                job.name,
+                passed_over,
+                job.catchup_window,
             )
         return late, slot
 
@@ -182,7 +187,9 @@ class Scheduler:
                     job,
                     slot,
                     trigger=job.trigger,
-                    missed_reason=f"misfire: reached {lateness:.1f} s late (misfire={job.misfire!r})",
+                    missed_reason=(
+                        f"misfire: reached {lateness:.1f} s late (misfire={job.misfire!r})"
+                    ),
                 )
 
     async def stop_claiming(self, timeout: float = 5.0) -> None:

@@ -46,7 +46,10 @@ class Service:
             outage=self.outage,
         )
         self.runner = Runner(
-            db=self.db, clock=self.clock, instance_id=self.instance_id, runs=self.runs,
+            db=self.db,
+            clock=self.clock,
+            instance_id=self.instance_id,
+            runs=self.runs,
             outage=self.outage,
         )
         self.scheduler = Scheduler(
@@ -89,12 +92,19 @@ class Service:
         await self.db.warm_up(min(self.settings.pool_size, max(len(self.jobs), 1)))
         if isinstance(self.clock, DatabaseClock):
             offset = await self.clock.sync()
-            log.info("clock offset to the database: %+.1f ms (round trip %.1f ms)",
-                     offset.total_seconds() * 1000, self.clock.round_trip.total_seconds() * 1000)
+            log.info(
+                "clock offset to the database: %+.1f ms (round trip %.1f ms)",
+                offset.total_seconds() * 1000,
+                self.clock.round_trip.total_seconds() * 1000,
+            )
         now = self.clock.now()
         await registrations.register_instance(
-            self.db, instance_id=self.instance_id, host=socket.gethostname(), pid=os.getpid(),
-            version=__version__, now=now,
+            self.db,
+            instance_id=self.instance_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            version=__version__,
+            now=now,
         )
         await registrations.register_jobs(
             self.db,

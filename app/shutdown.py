@@ -81,8 +81,11 @@ async def shut_down(service: Service, signals: Signals) -> None:
     # Phase 3
     left = list(service.runs)
     if left:
-        log.warning("phase 3: cancelling %d runs: %s", len(left),
-                    ", ".join(f"{h.job.name}#{h.id}" for h in left))
+        log.warning(
+            "phase 3: cancelling %d runs: %s",
+            len(left),
+            ", ".join(f"{h.job.name}#{h.id}" for h in left),
+        )
         for handle in left:
             service.runs.cancel(handle, SHUTDOWN)
         await _wait_runs(service, settings.shutdown_cancel_timeout, asyncio.Event())

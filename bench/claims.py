@@ -18,15 +18,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.claims import Claimer  # noqa: E402
-from app.clock import SystemClock  # noqa: E402
-from app.config import Settings  # noqa: E402
-from app.outage import Outage  # noqa: E402
-from app.registry import Registry, cron  # noqa: E402
-from app.store import migrate, registrations  # noqa: E402
-from app.store.database import Database  # noqa: E402
-from app.store.registrations import JobRow  # noqa: E402
-from tests import backends  # noqa: E402
+from app.claims import Claimer
+from app.clock import SystemClock
+from app.config import Settings
+from app.outage import Outage
+from app.registry import Registry, cron
+from app.store import migrate, registrations
+from app.store.database import Database
+from app.store.registrations import JobRow
+from tests import backends
 
 
 def pct(values: list[float], p: float) -> float:
@@ -44,11 +44,17 @@ async def measure(url: str, n: int) -> tuple[list[float], list[float]]:
     now = datetime.now(UTC)
     await registrations.register_jobs(
         db,
-        [JobRow(name=x, kind="cron", schedule="* * * * *", timezone="UTC", options={}) for x in names],
-        now=now, instance_id="bench", version="bench",
+        [
+            JobRow(name=x, kind="cron", schedule="* * * * *", timezone="UTC", options={})
+            for x in names
+        ],
+        now=now,
+        instance_id="bench",
+        version="bench",
     )
-    claimer = Claimer(db=db, clock=SystemClock(), instance_id="bench", default_lease=60,
-                      outage=Outage())
+    claimer = Claimer(
+        db=db, clock=SystemClock(), instance_id="bench", default_lease=60, outage=Outage()
+    )
     base = now.replace(microsecond=0) + timedelta(days=1)
     # Warm the pool.
     await asyncio.gather(*(claimer.claim(registry.get(x), base, trigger="cron") for x in names))  # type: ignore[arg-type]
@@ -80,7 +86,10 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=300)
     args = parser.parse_args()
     available = backends.probe_all()
-    print(f"{'backend':<11} {'one claim p50':>14} {'p99':>8}   {'10 at once p50':>15} {'p99':>8} {'max':>8}")
+    print(
+        f"{'backend':<11} {'one claim p50':>14} {'p99':>8}   "
+        f"{'10 at once p50':>15} {'p99':>8} {'max':>8}"
+    )
     for name in args.backends.split(","):
         if not available.ok.get(name):
             print(f"{name:<11} skipped: {available.why.get(name)}")

@@ -59,10 +59,14 @@ def _my_connect_args(url: URL) -> dict[str, object]:
 
 async def _probe(name: str) -> None:
     if name == "postgresql":
-        conn = await asyncio.wait_for(asyncpg.connect(**_pg_connect_args(make_url(POSTGRES_URL))), 5)  # type: ignore[arg-type]
+        conn = await asyncio.wait_for(
+            asyncpg.connect(**_pg_connect_args(make_url(POSTGRES_URL))), 5
+        )  # type: ignore[arg-type]
         await conn.close()
     elif name == "mariadb":
-        conn = await asyncio.wait_for(aiomysql.connect(**_my_connect_args(make_url(MARIADB_URL))), 5)
+        conn = await asyncio.wait_for(
+            aiomysql.connect(**_my_connect_args(make_url(MARIADB_URL))), 5
+        )
         conn.close()
 
 

@@ -44,8 +44,13 @@ class Dialect:
     def is_connection_lost(self, exc: BaseException) -> bool:
         return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
-    def upsert(self, table: Table, rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
-               update: Sequence[str]) -> Insert:
+    def upsert(
+        self,
+        table: Table,
+        rows: Sequence[Mapping[str, Any]],
+        keys: Sequence[str],
+        update: Sequence[str],
+    ) -> Insert:
         raise NotImplementedError
 
     @asynccontextmanager
@@ -70,8 +75,13 @@ class PostgreSQL(Dialect):
         )
         return code in self._LOCK_CODES
 
-    def upsert(self, table: Table, rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
-               update: Sequence[str]) -> Insert:
+    def upsert(
+        self,
+        table: Table,
+        rows: Sequence[Mapping[str, Any]],
+        keys: Sequence[str],
+        update: Sequence[str],
+    ) -> Insert:
         stmt = postgresql.insert(table).values(list(rows))
         return stmt.on_conflict_do_update(
             index_elements=list(keys), set_={c: stmt.excluded[c] for c in update}
@@ -100,11 +110,16 @@ class MySQL(Dialect):
         return options
 
     def is_lock_unavailable(self, exc: BaseException) -> bool:
-        args = getattr(getattr(exc, "orig", None), "args", ())
-        return bool(args) and args[0] in self._LOCK_CODES
+        args: tuple[object, ...] = tuple(getattr(getattr(exc, "orig", None), "args", ()))
+        return len(args) > 0 and args[0] in self._LOCK_CODES
 
-    def upsert(self, table: Table, rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
-               update: Sequence[str]) -> Insert:
+    def upsert(
+        self,
+        table: Table,
+        rows: Sequence[Mapping[str, Any]],
+        keys: Sequence[str],
+        update: Sequence[str],
+    ) -> Insert:
         stmt = mysql.insert(table).values(list(rows))
         return stmt.on_duplicate_key_update({c: stmt.inserted[c] for c in update})
 
@@ -139,8 +154,13 @@ class SQLite(Dialect):
         message = str(getattr(exc, "orig", exc)).lower()
         return "database is locked" in message or "database is busy" in message
 
-    def upsert(self, table: Table, rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
-               update: Sequence[str]) -> Insert:
+    def upsert(
+        self,
+        table: Table,
+        rows: Sequence[Mapping[str, Any]],
+        keys: Sequence[str],
+        update: Sequence[str],
+    ) -> Insert:
         stmt = sqlite.insert(table).values(list(rows))
         return stmt.on_conflict_do_update(
             index_elements=list(keys), set_={c: stmt.excluded[c] for c in update}

@@ -12,9 +12,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.store.dialects import Dialect
-
 import migrations
+from app.store.dialects import Dialect
 
 SCRIPT_LOCATION = str(Path(migrations.__file__).parent)
 

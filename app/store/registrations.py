@@ -53,7 +53,15 @@ async def register_jobs(
             jobs,
             values,
             keys=["name"],
-            update=["kind", "schedule", "timezone", "options", "updated_at", "updated_by", "version"],
+            update=[
+                "kind",
+                "schedule",
+                "timezone",
+                "options",
+                "updated_at",
+                "updated_by",
+                "version",
+            ],
         )
         async with db.transaction() as conn:
             await conn.execute(stmt)

@@ -12,8 +12,13 @@ from tests.cluster.harness import record
 def _make(i: int) -> None:
     @cron("* * * * * *", name=f"race-{i}")
     async def job(ctx: JobContext) -> None:
-        record("start", job=ctx.job, slot=ctx.scheduled_at.isoformat(), instance=ctx.instance_id,
-               id=ctx.execution_id)
+        record(
+            "start",
+            job=ctx.job,
+            slot=ctx.scheduled_at.isoformat(),
+            instance=ctx.instance_id,
+            id=ctx.execution_id,
+        )
         await asyncio.sleep(random.uniform(0, 0.3))
 
 

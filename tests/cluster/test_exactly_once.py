@@ -1,4 +1,4 @@
-"""Two real instances racing the same jobs: every slot runs exactly once, by the jobs' own record."""
+"""Two real instances racing the same jobs: each slot runs exactly once, by the jobs' own record."""
 
 from __future__ import annotations
 

@@ -42,7 +42,10 @@ async def test_a_run_longer_than_the_drain_timeout_is_recorded_stopped_and_exit_
     db: Database, spawn: Spawn, records_path: Path
 ) -> None:
     proc = spawn(
-        "drainer", JOBS, SCHEDULER_SHUTDOWN_DRAIN_TIMEOUT=1, SCHEDULER_SHUTDOWN_CANCEL_TIMEOUT=5,
+        "drainer",
+        JOBS,
+        SCHEDULER_SHUTDOWN_DRAIN_TIMEOUT=1,
+        SCHEDULER_SHUTDOWN_CANCEL_TIMEOUT=5,
         SLEEP_SECONDS=60,
     )
     started = await asyncio.to_thread(first_start, records_path)
@@ -62,7 +65,9 @@ async def test_a_run_longer_than_the_drain_timeout_is_recorded_stopped_and_exit_
     events = [r["event"] for r in read_records(records_path) if r["id"] == started["id"]]
     assert events == ["start", "cancelled"]
     # Phase 1 stopped claims: nothing started after the signal.
-    late = [r for r in read_records(records_path) if r["event"] == "start" and r["wall"] > signalled_at]
+    late = [
+        r for r in read_records(records_path) if r["event"] == "start" and r["wall"] > signalled_at
+    ]
     assert late == []
 
 
@@ -94,9 +99,7 @@ async def test_a_second_signal_skips_the_drain_and_stops_runs_at_once(
     proc = spawn("hurried", JOBS, SCHEDULER_SHUTDOWN_DRAIN_TIMEOUT=120, SLEEP_SECONDS=120)
     started = await asyncio.to_thread(first_start, records_path)
     proc.signal(signal.SIGTERM)
-    await asyncio.to_thread(
-        wait_until, lambda: "phase 2" in proc.log(), 10, "phase 2 to begin"
-    )
+    await asyncio.to_thread(wait_until, lambda: "phase 2" in proc.log(), 10, "phase 2 to begin")
     sent = time.monotonic()
     proc.signal(signal.SIGINT)
     code = await asyncio.to_thread(proc.wait, 15)
@@ -110,8 +113,12 @@ async def test_a_run_that_ignores_cancellation_is_still_recorded_stopped_and_exi
     db: Database, spawn: Spawn, records_path: Path
 ) -> None:
     proc = spawn(
-        "stubborn", JOBS, SCHEDULER_SHUTDOWN_DRAIN_TIMEOUT=0.5,
-        SCHEDULER_SHUTDOWN_CANCEL_TIMEOUT=1, SLEEP_SECONDS=120, IGNORE_CANCEL=1,
+        "stubborn",
+        JOBS,
+        SCHEDULER_SHUTDOWN_DRAIN_TIMEOUT=0.5,
+        SCHEDULER_SHUTDOWN_CANCEL_TIMEOUT=1,
+        SLEEP_SECONDS=120,
+        IGNORE_CANCEL=1,
     )
     started = await asyncio.to_thread(first_start, records_path)
     proc.signal(signal.SIGTERM)

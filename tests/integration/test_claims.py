@@ -33,11 +33,23 @@ async def register(db: Database, name: str = "job") -> None:
     )
 
 
-async def claim(db: Database, slot: datetime = SLOT, *, forbid: bool = True, now: datetime = NOW,
-                instance: str = "a") -> claim_store.Claim:
+async def claim(
+    db: Database,
+    slot: datetime = SLOT,
+    *,
+    forbid: bool = True,
+    now: datetime = NOW,
+    instance: str = "a",
+) -> claim_store.Claim:
     return await claim_store.claim_slot(
-        db, job_name="job", slot=slot, trigger="cron", instance_id=instance, now=now,
-        lease_ms=60_000, forbid_overlap=forbid,
+        db,
+        job_name="job",
+        slot=slot,
+        trigger="cron",
+        instance_id=instance,
+        now=now,
+        lease_ms=60_000,
+        forbid_overlap=forbid,
     )
 
 
@@ -71,8 +83,12 @@ async def test_the_unique_key_stops_a_duplicate_the_high_water_mark_missed(db: D
     async with db.transaction() as conn:
         await conn.execute(
             insert(executions).values(
-                job_name="job", scheduled_at=SLOT, trigger="cron", status="COMPLETED",
-                attempt=1, created_at=NOW,
+                job_name="job",
+                scheduled_at=SLOT,
+                trigger="cron",
+                status="COMPLETED",
+                attempt=1,
+                created_at=NOW,
             )
         )
     with pytest.raises(SlotTaken):
@@ -113,8 +129,9 @@ async def test_allow_runs_overlapping_slots(db: Database) -> None:
     assert second.status == "RUNNING"
 
 
-async def hold_job_row(db: Database, backend: str, held: asyncio.Event,
-                       release: asyncio.Event) -> None:
+async def hold_job_row(
+    db: Database, backend: str, held: asyncio.Event, release: asyncio.Event
+) -> None:
     """Lock the job's row (SQLite: the write lock) from another connection until released."""
     async with db.engine.connect() as conn:
         if backend == "sqlite":
@@ -152,8 +169,9 @@ async def test_a_slot_whose_row_was_busy_is_still_claimed(db: Database, backend:
     @cron("* * * * *", name="job", registry=registry)
     async def job() -> None: ...
 
-    claimer = Claimer(db=db, clock=SystemClock(), instance_id="a", default_lease=60,
-                      outage=Outage())
+    claimer = Claimer(
+        db=db, clock=SystemClock(), instance_id="a", default_lease=60, outage=Outage()
+    )
     held, release = asyncio.Event(), asyncio.Event()
     holder = asyncio.create_task(hold_job_row(db, backend, held, release))
     await held.wait()

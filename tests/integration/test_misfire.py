@@ -51,8 +51,11 @@ async def test_slots_reached_late_are_accounted_for_by_the_misfire_policy(
     await wait_for(lambda: len(ran) == 1, what="the on-time slot :10")
     # The instance stalls 35 s: :20 and :30 are past their grace (one period), :40 is not.
     await clock.set(T0 + timedelta(seconds=45))
-    want = {at(10): ("COMPLETED", "interval"), **{at(k): v for k, v in expected.items()},
-            at(40): ("COMPLETED", "interval")}
+    want = {
+        at(10): ("COMPLETED", "interval"),
+        **{at(k): v for k, v in expected.items()},
+        at(40): ("COMPLETED", "interval"),
+    }
 
     async def settled() -> bool:
         return await outcomes(db) == want

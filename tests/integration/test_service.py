@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -74,7 +75,9 @@ async def test_two_schedulers_racing_run_every_slot_exactly_once(
     for slot in slots[1:-1]:
         for i in range(5):
             assert (f"race-{i}", slot) in counts, f"race-{i} slot {slot} was not run"
-    recorded = [(r["job_name"], r["scheduled_at"]) for r in await rows(db) if r["status"] != "SKIPPED"]
+    recorded = [
+        (r["job_name"], r["scheduled_at"]) for r in await rows(db) if r["status"] != "SKIPPED"
+    ]
     assert Counter(recorded) == counts
     assert {instance for _, _, instance in ran} <= {"scheduler-a", "scheduler-b"}
 
@@ -97,7 +100,7 @@ async def test_forbid_records_skipped_slots_and_never_runs_two_at_once(
     await a.stop()
     await b.stop()
     intervals.sort()
-    for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(intervals):
         assert start >= end - 0.05, f"two runs overlapped: {intervals}"
     records = await rows(db, "long")
     skipped = [r for r in records if r["status"] == "SKIPPED"]
@@ -227,9 +230,9 @@ async def test_a_run_taken_from_its_instance_is_cancelled_there_and_its_record_k
     # The cluster (e.g. the leader, seeing a lapsed lease) records it ABANDONED meanwhile.
     async with db.transaction() as conn:
         await conn.execute(
-            update(executions).where(executions.c.id == running["id"]).values(
-                status="ABANDONED", error="lease lapsed"
-            )
+            update(executions)
+            .where(executions.c.id == running["id"])
+            .values(status="ABANDONED", error="lease lapsed")
         )
     await wait_for(lambda: outcome == ["cancelled"], timeout=5, what="the run to be fenced")
     records = {r["id"]: r for r in await rows(db, "victim")}
