@@ -78,6 +78,10 @@ class CronSchedule:
         object.__setattr__(self, "_text", text)
         object.__setattr__(self, "_seconds_first", seconds_first)
         object.__setattr__(self, "_zone", ZoneInfo(self.timezone))
+        # Parsing the expression is most of croniter's cost: parse once, reposition per call.
+        object.__setattr__(
+            self, "_cron", croniter(text, datetime(2000, 1, 1), second_at_beginning=seconds_first)
+        )
 
     def describe(self) -> str:
         return self.expression
@@ -92,7 +96,8 @@ class CronSchedule:
         # map after ``moment`` as a second occurrence, which the fall-back rule excludes. In the
         # second pass of a fall-back hour, candidates map to the first pass and are filtered.
         wall = moment.astimezone(zone).replace(tzinfo=None, microsecond=0)
-        cron = croniter(self._text, wall, second_at_beginning=self._seconds_first)  # type: ignore[attr-defined]
+        cron = self._cron  # type: ignore[attr-defined]
+        cron.set_current(wall, force=True)
         while True:
             candidate: datetime = cron.get_next(datetime)
             slot = wall_to_utc(candidate, zone)

@@ -17,12 +17,34 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from app.errors import RowBusy, SlotTaken
 from app.store.database import Database
-from app.store.tables import executions, jobs
+from app.store.tables import UTCDateTime, executions, jobs
+
+# Built once: a claim is on the hot path, and SQLAlchemy then only looks up the cached SQL.
+_LOCK_JOB = (
+    select(jobs.c.paused, jobs.c.paused_reason, jobs.c.last_slot_at)
+    .where(jobs.c.name == bindparam("p_job"))
+    .with_for_update(nowait=True)
+)
+_LEASE_HOLDER = (
+    select(executions.c.id, executions.c.instance_id)
+    .where(
+        executions.c.job_name == bindparam("p_job"),
+        executions.c.status == "RUNNING",
+        executions.c.lease_until > bindparam("p_now", type_=UTCDateTime()),
+    )
+    .limit(1)
+)
+_INSERT = insert(executions)
+_ADVANCE = (
+    update(jobs)
+    .where(jobs.c.name == bindparam("p_job"))
+    .values(last_slot_at=bindparam("p_slot", type_=UTCDateTime()))
+)
 
 
 @dataclass(frozen=True)
@@ -62,13 +84,7 @@ async def claim_slot(
     """
     try:
         async with db.transaction(nowait=True) as conn:
-            row = (
-                await conn.execute(
-                    select(jobs.c.paused, jobs.c.paused_reason, jobs.c.last_slot_at)
-                    .where(jobs.c.name == job_name)
-                    .with_for_update(nowait=True)
-                )
-            ).one_or_none()
+            row = (await conn.execute(_LOCK_JOB, {"p_job": job_name})).one_or_none()
             if row is None:
                 raise LookupError(f"job {job_name!r} is not registered in the database")
             if row.last_slot_at is not None and row.last_slot_at >= slot:
@@ -81,15 +97,7 @@ async def claim_slot(
                 reason = "job is paused" + (f": {row.paused_reason}" if row.paused_reason else "")
             elif forbid_overlap:
                 holder = (
-                    await conn.execute(
-                        select(executions.c.id, executions.c.instance_id)
-                        .where(
-                            executions.c.job_name == job_name,
-                            executions.c.status == "RUNNING",
-                            executions.c.lease_until > now,
-                        )
-                        .limit(1)
-                    )
+                    await conn.execute(_LEASE_HOLDER, {"p_job": job_name, "p_now": now})
                 ).one_or_none()
                 if holder is not None:
                     status = "SKIPPED"
@@ -100,7 +108,8 @@ async def claim_slot(
             running = status == "RUNNING"
             lease_until = now + timedelta(milliseconds=lease_ms) if running else None
             result = await conn.execute(
-                insert(executions).values(
+                _INSERT,
+                dict(
                     job_name=job_name,
                     scheduled_at=slot,
                     trigger=trigger,
@@ -116,11 +125,9 @@ async def claim_slot(
                     error=reason,
                     params={},
                     state={},
-                )
+                ),
             )
-            await conn.execute(
-                update(jobs).where(jobs.c.name == job_name).values(last_slot_at=slot)
-            )
+            await conn.execute(_ADVANCE, {"p_job": job_name, "p_slot": slot})
     except IntegrityError:
         raise SlotTaken(f"{job_name} @ {slot.isoformat()}") from None
     except DBAPIError as exc:

@@ -33,7 +33,8 @@ class Dialect:
         return {
             "pool_size": pool_size,
             "max_overflow": 0,
-            "pool_pre_ping": True,
+            # No pre-ping: it costs a round trip per checkout, and every caller already retries
+            # a lost connection (a disconnect invalidates the whole pool).
             "pool_recycle": 1800,
         }
 
