@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from app import logs
 from app.config import Settings, load_settings
 from app.errors import ConfigError, InvalidJobError, Refused, UsageError
-from app.outage import DB_ERRORS, describe
+from app.outage import DB_ERRORS, describe, refused_login
 from app.registry import REGISTRY, Job
 from app.version import __version__
 
@@ -302,6 +302,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except DB_ERRORS as exc:
+        if refused_login(exc):
+            print(
+                "slotcron: configuration error: SCHEDULER_DATABASE_URL: the database refused us: "
+                f"{describe(exc)}",
+                file=sys.stderr,
+            )
+            return 2
         print(f"slotcron: database error: {describe(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

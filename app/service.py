@@ -13,7 +13,7 @@ from app.clock import Clock, DatabaseClock
 from app.config import Settings
 from app.errors import ConfigError
 from app.heartbeat import Heartbeat
-from app.outage import DB_ERRORS, Outage, describe
+from app.outage import DB_ERRORS, Outage, describe, refused_login
 from app.registry import Job
 from app.runner import Runner, Runs
 from app.scheduler import Scheduler
@@ -131,6 +131,10 @@ class Service:
                 await self._prepare_database()
                 break
             except DB_ERRORS as exc:
+                if refused_login(exc):
+                    raise ConfigError(
+                        "SCHEDULER_DATABASE_URL", f"the database refused us: {describe(exc)}"
+                    ) from None
                 self.outage.failed(exc, "starting up")
                 if stop is not None and stop.is_set():
                     raise

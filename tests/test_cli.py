@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from sqlalchemy.engine import make_url
+
+from tests import backends
 
 T = TypeVar("T")
 
@@ -370,4 +373,22 @@ def test_history_against_an_unreachable_database_says_database_error_without_the
 
     assert done.returncode != 0
     assert "database error" in one_line(done.stderr)
+    assert PASSWORD not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("server", ["postgresql", "mariadb"])
+def test_a_database_that_refuses_the_login_is_a_configuration_error_in_one_line(
+    cli: Cli, server: str
+) -> None:
+    if not backends.AVAILABLE.ok.get(server):
+        pytest.skip(f"{server} unreachable")
+    base = make_url(backends.POSTGRES_URL if server == "postgresql" else backends.MARIADB_URL)
+    url = base.set(username="slotcron_no_such_role", password=PASSWORD, database="x")
+
+    done = cli("history", env={"SCHEDULER_DATABASE_URL": url.render_as_string(hide_password=False)})
+
+    # Wrong credentials are not an outage to wait out: exit 2, naming the variable.
+    assert done.returncode == 2
+    line = one_line(done.stderr)
+    assert "SCHEDULER_DATABASE_URL" in line and "refused" in line
     assert PASSWORD not in done.stdout + done.stderr
