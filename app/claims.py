@@ -54,10 +54,20 @@ class Claimer:
         self.closing = False
 
     async def claim(
-        self, job: Job, slot: datetime, *, trigger: str, missed_reason: str | None = None
+        self,
+        job: Job,
+        slot: datetime,
+        *,
+        trigger: str,
+        following: datetime,
+        missed_reason: str | None = None,
+        check_gap: bool = True,
     ) -> Claim | None:
         """The slot's record if this instance decided its fate, or None if another did (or it
-        could not be claimed before the deadline, or this instance is shutting down)."""
+        could not be claimed before the deadline, or this instance is shutting down).
+
+        Raises :class:`SlotsUndecided` (with ``check_gap``) when earlier slots of the job were
+        never decided: the caller accounts for them first."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + BUSY_DEADLINE
         busy = 0
@@ -73,7 +83,9 @@ class Claimer:
                     now=self.clock.now(),
                     lease_ms=round(job.lease_seconds(self.default_lease) * 1000),
                     forbid_overlap=job.overlap == "forbid",
+                    following=following,
                     missed_reason=missed_reason,
+                    check_gap=check_gap,
                 )
             except SlotTaken:
                 self.outage.recovered()

@@ -42,5 +42,15 @@ class RowBusy(SlotcronError):
     """The job's row is locked by another claimer right now (the NOWAIT lock was not granted)."""
 
 
+class SlotsUndecided(SlotcronError):
+    """Slots of a job before the one being claimed were never decided (no instance alive, or the
+    database down, when they were due); ``expected`` is the first of them."""
+
+    def __init__(self, job: str, expected: object) -> None:
+        self.job = job
+        self.expected = expected
+        super().__init__(f"{job}: slots from {expected} were never decided")
+
+
 class CheckpointError(SlotcronError, TypeError):
     """`ctx.checkpoint()` was given a value that cannot be stored as JSON."""

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import random
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -83,8 +83,16 @@ class Runs:
 
 class Runner:
     def __init__(
-        self, *, db: Database, clock: Clock, instance_id: str, runs: Runs, outage: Outage
+        self,
+        *,
+        db: Database,
+        clock: Clock,
+        instance_id: str,
+        runs: Runs,
+        outage: Outage,
+        on_retry_queued: Callable[[datetime], None] = lambda _when: None,
     ) -> None:
+        self.on_retry_queued = on_retry_queued
         self.db = db
         self.clock = clock
         self.instance_id = instance_id
@@ -115,7 +123,10 @@ class Runner:
                 job.name,
             )
             return None
-        recorded = await self._finish(claim, status, error)
+        retry = status == "FAILED" and claim.attempt < job.max_attempts
+        recorded = await self._finish(claim, status, error, job.retry_backoff if retry else None)
+        if recorded and retry:
+            self.on_retry_queued(self.clock.now() + timedelta(seconds=job.retry_backoff))
         return status if recorded else None
 
     async def _execute(
@@ -171,7 +182,9 @@ class Runner:
             self.db, execution_id=claim.execution_id, instance_id=self.instance_id, state=state
         )
 
-    async def _finish(self, claim: Claim, status: str, error: str | None) -> bool:
+    async def _finish(
+        self, claim: Claim, status: str, error: str | None, retry_backoff: float | None
+    ) -> bool:
         """Write the outcome, retrying through an outage: a finished run is never left RUNNING
         by us. Conditional, so a run fenced or marked ABANDONED meanwhile is not overwritten."""
         delay = 0.05
@@ -184,6 +197,7 @@ class Runner:
                     status=status,
                     now=self.clock.now(),
                     error=error,
+                    retry_backoff=retry_backoff,
                 )
             except DB_ERRORS as exc:
                 self.outage.failed(exc, f"recording the end of execution {claim.execution_id}")

@@ -2,6 +2,8 @@
 
 Firing is O(jobs due now): the planner never scans the registered jobs. It never awaits one
 job's claim before starting the next: every due job gets its own task at once (guarantee 6).
+Slots that nobody decided in time (this instance late, every instance down, the database
+down) go through the job's misfire policy before any newer slot is claimed.
 """
 
 from __future__ import annotations
@@ -11,20 +13,23 @@ import contextlib
 import heapq
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from app.claims import Claimer
 from app.clock import Clock
+from app.errors import SlotsUndecided
 from app.registry import Job
 from app.runner import Runner
-from app.schedule import Schedule
+from app.schedule import Schedule, slots_between
 from app.store.claims import Claim
 
 log = logging.getLogger("slotcron.scheduler")
 
 MIN_GRACE = timedelta(seconds=1)
 MAX_GRACE = timedelta(seconds=60)
+_TICK = timedelta(microseconds=1)
 
 
 def grace(schedule: Schedule, slot: datetime) -> timedelta:
@@ -59,10 +64,17 @@ class Scheduler:
     def schedule_of(self, job: Job) -> Schedule:
         return self._schedules[job.name]
 
-    def start(self) -> None:
+    def start(self, expected: Mapping[str, datetime | None] | None = None) -> None:
+        """Start planning. ``expected`` is each job's next undecided slot as the cluster stored
+        it: one in the past means slots were missed while no instance ran them."""
         now = self.clock.now()
         for job in self._jobs:
-            self._push(job, self.schedule_of(job).next_after(now))
+            schedule = self.schedule_of(job)
+            first = schedule.next_after(now)
+            stored = (expected or {}).get(job.name)
+            if stored is not None and stored < first:
+                first = min(first, schedule.next_after(stored - _TICK))
+            self._push(job, first)
         self._planner = asyncio.create_task(self._plan(), name="slotcron-planner")
 
     def _push(self, job: Job, slot: datetime) -> None:
@@ -102,27 +114,57 @@ class Scheduler:
                     self._spawn(self._fire(job, slot), job)
                     self._push(job, schedule.next_after(slot))
 
-    def _spawn(self, coro: object, job: Job) -> None:
-        task: asyncio.Task[None] = asyncio.create_task(coro, name=f"slotcron-{job.name}")  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None], job: Job) -> None:
+        task = asyncio.create_task(coro, name=f"slotcron-{job.name}")
         self._tasks.add(task)
         self._claiming.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(self._claiming.discard)
 
-    async def _run_claimed(self, job: Job, claim: Claim) -> None:
+    def _past_claim(self) -> None:
         task = asyncio.current_task()
         if task is not None:
-            self._claiming.discard(task)
-        async with self._capacity:
-            await self.runner.run(job, claim)
+            self._claiming.discard(task)  # past the claim: shutdown lets it drain
 
-    async def _fire(self, job: Job, slot: datetime, trigger: str | None = None) -> None:
-        await self._capacity.acquire()
-        try:
-            claim = await self.claimer.claim(job, slot, trigger=trigger or job.trigger)
-            task = asyncio.current_task()
-            if task is not None:
-                self._claiming.discard(task)  # past the claim: shutdown lets it drain
+    async def _claim(
+        self,
+        job: Job,
+        slot: datetime,
+        *,
+        trigger: str,
+        missed_reason: str | None = None,
+        check_gap: bool = True,
+    ) -> Claim | None:
+        return await self.claimer.claim(
+            job,
+            slot,
+            trigger=trigger,
+            following=self.schedule_of(job).next_after(slot),
+            missed_reason=missed_reason,
+            check_gap=check_gap,
+        )
+
+    async def _fire(self, job: Job, slot: datetime) -> None:
+        async with self._capacity:
+            try:
+                claim = await self._claim(job, slot, trigger=job.trigger)
+            except SlotsUndecided as gap:
+                # Slots before this one were never decided: account for them first, in order.
+                expected: datetime = gap.expected  # type: ignore[assignment]
+                now = self.clock.now()
+                start = self._window_start(job, expected, now)
+                late = list(slots_between(self.schedule_of(job), start - _TICK, slot - _TICK))
+                log.warning(
+                    "%s: %d slots from %s were never claimed (no live instance or no database); "
+                    "applying misfire=%r",
+                    job.name,
+                    len(late),
+                    gap.expected,
+                    job.misfire,
+                )
+                await self._decide_late(job, late, now)
+                claim = await self._claim(job, slot, trigger=job.trigger, check_gap=False)
+            self._past_claim()
             if claim is None or claim.status != "RUNNING":
                 if claim is not None:
                     log.info(
@@ -130,8 +172,16 @@ class Scheduler:
                     )
                 return
             await self.runner.run(job, claim)
-        finally:
-            self._capacity.release()
+
+    async def _run_claimed(self, job: Job, claim: Claim) -> None:
+        self._past_claim()
+        async with self._capacity:
+            await self.runner.run(job, claim)
+
+    def start_claimed(self, job: Job, claim: Claim) -> None:
+        """Run an execution another role started (a QUEUED retry), under the same capacity
+        and shutdown rules as scheduled runs."""
+        self._spawn(self._run_claimed(job, claim), job)
 
     def _late_slots(
         self, job: Job, first: datetime, now: datetime
@@ -139,58 +189,65 @@ class Scheduler:
         """The slots from ``first`` on that are past their grace, within ``catchup_window``,
         and the first slot that is not late (where normal firing resumes)."""
         schedule = self.schedule_of(job)
-        window_start = now - timedelta(seconds=job.catchup_window)
         late: list[datetime] = []
-        passed_over = 0
-        slot = first
-        while now - slot > grace(schedule, slot):
-            if slot >= window_start:
-                late.append(slot)
-            else:
-                passed_over += 1
+        slot = schedule.next_after(self._window_start(job, first, now) - _TICK)
+        while slot <= now and now - slot > grace(schedule, slot):
+            late.append(slot)
             slot = schedule.next_after(slot)
-        if passed_over:
-            log.warning(
-                "%s: %d slots older than catchup_window=%gs passed over",
-                job.name,
-                passed_over,
-                job.catchup_window,
-            )
         return late, slot
+
+    def _window_start(self, job: Job, first: datetime, now: datetime) -> datetime:
+        """Where deciding late slots starts: ``first``, or the edge of ``catchup_window``.
+        Older slots are passed over (not enumerated: an outage of days must not stall us)."""
+        edge = now - timedelta(seconds=job.catchup_window)
+        if first >= edge:
+            return first
+        log.warning(
+            "%s: slots from %s to %s are older than catchup_window=%gs: passed over",
+            job.name,
+            first.isoformat(),
+            edge.isoformat(),
+            job.catchup_window,
+        )
+        return edge
 
     async def _misfire(
         self, job: Job, late: list[datetime], now: datetime, resume: datetime
     ) -> None:
-        """Account for slots this instance reached too late, by the job's misfire policy:
-        ``skip`` records each MISSED, ``once`` runs the newest as ``catchup`` and records the
-        rest MISSED, ``all`` runs each in order as ``catchup``."""
+        """Account for slots this instance reached too late, then resume normal firing."""
         try:
-            await self._decide_late(job, late, now)
+            async with self._capacity:
+                await self._decide_late(job, late, now)
         finally:
             self._push_and_wake(job, resume)
 
     async def _decide_late(self, job: Job, late: list[datetime], now: datetime) -> None:
+        """By the job's misfire policy: ``skip`` records each MISSED, ``once`` runs the newest
+        as ``catchup`` and records the rest MISSED, ``all`` runs each in order as ``catchup``."""
         run = {"skip": [], "once": late[-1:], "all": late}[job.misfire]
         for slot in late:
-            if slot in run and job.overlap == "forbid":
-                # One after another: each catch-up run ends before the next slot is claimed,
-                # so forbid holds and none of them is SKIPPED for overlapping its predecessor.
-                await self._fire(job, slot, trigger="catchup")
-            elif slot in run:
-                # Claimed in order; the runs go on side by side (overlap="allow").
-                claim = await self.claimer.claim(job, slot, trigger="catchup")
-                if claim is not None and claim.status == "RUNNING":
-                    self._spawn(self._run_claimed(job, claim), job)
-            else:
+            if slot not in run:
                 lateness = (now - slot).total_seconds()
-                await self.claimer.claim(
+                await self._claim(
                     job,
                     slot,
                     trigger=job.trigger,
+                    check_gap=False,
                     missed_reason=(
-                        f"misfire: reached {lateness:.1f} s late (misfire={job.misfire!r})"
+                        f"misfire: not claimed until {lateness:.1f} s after its time "
+                        f"(misfire={job.misfire!r})"
                     ),
                 )
+                continue
+            claim = await self._claim(job, slot, trigger="catchup", check_gap=False)
+            if claim is None or claim.status != "RUNNING":
+                continue
+            if job.overlap == "forbid":
+                # One after another: each catch-up run ends before the next slot is claimed,
+                # so forbid holds and none of them is SKIPPED for overlapping its predecessor.
+                await self.runner.run(job, claim)
+            else:
+                self._spawn(self._run_claimed(job, claim), job)
 
     async def stop_claiming(self, timeout: float = 5.0) -> None:
         """Phase 1 of shutdown: claim nothing more. Claims already under way finish (they are

@@ -68,7 +68,9 @@ async def shut_down(service: Service, signals: Signals) -> None:
     settings = service.settings
     # Phase 1
     service.state = "draining"
+    await service.queued.stop()
     await service.scheduler.stop_claiming()
+    await service.leader.stop()
     with contextlib.suppress(*DB_ERRORS):
         await registrations.set_instance_state(
             service.db, instance_id=service.instance_id, state="draining", now=service.clock.now()

@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app import JobContext  # noqa: E402
-from app.config import Settings  # noqa: E402
-from app.registry import Registry, cron  # noqa: E402
-from app.service import Service  # noqa: E402
-from tests import backends  # noqa: E402
+from app import JobContext
+from app.config import Settings
+from app.registry import Registry, cron
+from app.service import Service
+from tests import backends
 
 
 def pct(values: list[float], p: float) -> float:

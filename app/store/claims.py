@@ -20,13 +20,13 @@ from typing import Any
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from app.errors import RowBusy, SlotTaken
+from app.errors import RowBusy, SlotsUndecided, SlotTaken
 from app.store.database import Database
 from app.store.tables import UTCDateTime, executions, jobs
 
 # Built once: a claim is on the hot path, and SQLAlchemy then only looks up the cached SQL.
 _LOCK_JOB = (
-    select(jobs.c.paused, jobs.c.paused_reason, jobs.c.last_slot_at)
+    select(jobs.c.paused, jobs.c.paused_reason, jobs.c.last_slot_at, jobs.c.next_slot_at)
     .where(jobs.c.name == bindparam("p_job"))
     .with_for_update(nowait=True)
 )
@@ -43,7 +43,10 @@ _INSERT = insert(executions)
 _ADVANCE = (
     update(jobs)
     .where(jobs.c.name == bindparam("p_job"))
-    .values(last_slot_at=bindparam("p_slot", type_=UTCDateTime()))
+    .values(
+        last_slot_at=bindparam("p_slot", type_=UTCDateTime()),
+        next_slot_at=bindparam("p_next", type_=UTCDateTime()),
+    )
 )
 
 
@@ -74,13 +77,17 @@ async def claim_slot(
     now: datetime,
     lease_ms: int,
     forbid_overlap: bool,
+    following: datetime,
     missed_reason: str | None = None,
+    check_gap: bool = True,
 ) -> Claim:
     """Claim ``slot`` of ``job_name``, or record why it does not run.
 
+    ``following`` is the job's next slot after ``slot``; it becomes the job's expected slot.
     With ``missed_reason`` the slot is recorded ``MISSED`` instead of run. Raises
-    :class:`SlotTaken` when the slot is already closed (someone claimed it) and
-    :class:`RowBusy` when another claimer holds the job's row right now.
+    :class:`SlotTaken` when the slot is already closed (someone claimed it),
+    :class:`RowBusy` when another claimer holds the job's row right now, and (with
+    ``check_gap``) :class:`SlotsUndecided` when slots before this one were never decided.
     """
     try:
         async with db.transaction(nowait=True) as conn:
@@ -89,6 +96,8 @@ async def claim_slot(
                 raise LookupError(f"job {job_name!r} is not registered in the database")
             if row.last_slot_at is not None and row.last_slot_at >= slot:
                 raise SlotTaken(f"{job_name} @ {slot.isoformat()}")
+            if check_gap and row.next_slot_at is not None and row.next_slot_at < slot:
+                raise SlotsUndecided(job_name, row.next_slot_at)
             status, reason = "RUNNING", None
             if missed_reason is not None:
                 status, reason = "MISSED", missed_reason
@@ -127,7 +136,7 @@ async def claim_slot(
                     state={},
                 ),
             )
-            await conn.execute(_ADVANCE, {"p_job": job_name, "p_slot": slot})
+            await conn.execute(_ADVANCE, {"p_job": job_name, "p_slot": slot, "p_next": following})
     except IntegrityError:
         raise SlotTaken(f"{job_name} @ {slot.isoformat()}") from None
     except DBAPIError as exc:

@@ -7,12 +7,22 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from app.store.database import Database
 from app.store.tables import instances, jobs
 
 _CHUNK = 500
+
+
+@dataclass(frozen=True)
+class StoredJob:
+    kind: str
+    schedule: str
+    timezone: str
+    next_slot_at: datetime | None
+    updated_by: str | None
+    version: str | None
 
 
 @dataclass(frozen=True)
@@ -22,16 +32,37 @@ class JobRow:
     schedule: str
     timezone: str
     options: dict[str, Any]
+    first_slot: datetime | None = None
 
 
 async def register_jobs(
     db: Database, rows: Sequence[JobRow], *, now: datetime, instance_id: str, version: str
-) -> None:
-    """Insert new job rows and refresh the definition of known ones.
+) -> dict[str, StoredJob]:
+    """Insert new job rows and refresh the definition of known ones; return what the cluster
+    had stored for each before (schedule and the slot it expects next).
 
-    Never touches ``paused`` or ``last_slot_at``: those belong to the cluster, not to whichever
-    instance started last.
+    Never touches ``paused``, ``last_slot_at`` or ``next_slot_at``: those belong to the
+    cluster, not to whichever instance started last.
     """
+    stored: dict[str, StoredJob] = {}
+    names = [row.name for row in rows]
+    for start in range(0, len(names), _CHUNK):
+        async with db.read() as conn:
+            found = await conn.execute(
+                select(
+                    jobs.c.name,
+                    jobs.c.kind,
+                    jobs.c.schedule,
+                    jobs.c.timezone,
+                    jobs.c.next_slot_at,
+                    jobs.c.updated_by,
+                    jobs.c.version,
+                ).where(jobs.c.name.in_(names[start : start + _CHUNK]))
+            )
+            for r in found:
+                stored[r.name] = StoredJob(
+                    r.kind, r.schedule, r.timezone, r.next_slot_at, r.updated_by, r.version
+                )
     for start in range(0, len(rows), _CHUNK):
         values = [
             {
@@ -42,6 +73,7 @@ async def register_jobs(
                 "options": row.options,
                 "paused": False,
                 "last_slot_at": None,
+                "next_slot_at": row.first_slot,
                 "registered_at": now,
                 "updated_at": now,
                 "updated_by": instance_id,
@@ -65,6 +97,7 @@ async def register_jobs(
         )
         async with db.transaction() as conn:
             await conn.execute(stmt)
+    return stored
 
 
 async def register_instance(
@@ -82,7 +115,6 @@ async def register_instance(
                 "heartbeat_at": now,
                 "state": "running",
                 "is_leader": False,
-                "leader_until": None,
             }
         ],
         keys=["instance_id"],

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import select, update
 
 from app.store.database import Database
+from app.store.lifeline import queue_retry
 from app.store.tables import executions, instances
 
 
@@ -32,15 +33,27 @@ async def finish(
     status: str,
     now: datetime,
     error: str | None,
+    retry_backoff: float | None = None,
 ) -> bool:
-    """Record a run's outcome; False when the record was no longer ours to write."""
+    """Record a run's outcome; False when the record was no longer ours to write.
+
+    With ``retry_backoff``, the next attempt of the slot is queued in the same transaction,
+    carrying the params and the last checkpointed state.
+    """
     async with db.transaction() as conn:
         result = await conn.execute(
             update(executions)
             .where(_mine(execution_id, instance_id))
             .values(status=status, finished_at=now, error=error, lease_until=now)
         )
-    return result.rowcount == 1
+        if result.rowcount != 1:
+            return False
+        if retry_backoff is not None:
+            row = (
+                await conn.execute(select(executions).where(executions.c.id == execution_id))
+            ).one()
+            await queue_retry(conn, row=row, now=now, backoff=retry_backoff)
+    return True
 
 
 async def stop_all(

@@ -71,6 +71,9 @@ jobs = Table(
     # Permanent high-water mark of the cron/interval trigger: a slot at or before it is closed,
     # even after its history row is pruned.
     Column("last_slot_at", UTCDateTime(), nullable=True),
+    # The slot expected after the last one decided: a claim that finds it earlier than its own
+    # slot has found slots nobody decided (every instance down, database down).
+    Column("next_slot_at", UTCDateTime(), nullable=True),
     Column("registered_at", UTCDateTime(), nullable=False),
     Column("updated_at", UTCDateTime(), nullable=False),
     Column("updated_by", String(200), nullable=True),
@@ -116,5 +119,16 @@ instances = Table(
     Column("heartbeat_at", UTCDateTime(), nullable=False),
     Column("state", String(16), nullable=False),
     Column("is_leader", Boolean, nullable=False, default=False),
-    Column("leader_until", UTCDateTime(), nullable=True),
+)
+
+LEADER_ROW = "leader"
+
+# Leadership is a lease on this one row, created by the migration.
+leader = Table(
+    "scheduler_leader",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("instance_id", String(200), nullable=True),
+    Column("lease_until", UTCDateTime(), nullable=False),
+    Column("since", UTCDateTime(), nullable=True),
 )

@@ -8,6 +8,7 @@ Create Date: 2026-11-22
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 import sqlalchemy as sa
 from alembic import op
@@ -38,6 +39,7 @@ def upgrade() -> None:
         sa.Column("paused", sa.Boolean(), nullable=False),
         sa.Column("paused_reason", sa.String(400), nullable=True),
         sa.Column("last_slot_at", UTC_TS, nullable=True),
+        sa.Column("next_slot_at", UTC_TS, nullable=True),
         sa.Column("registered_at", UTC_TS, nullable=False),
         sa.Column("updated_at", UTC_TS, nullable=False),
         sa.Column("updated_by", sa.String(200), nullable=True),
@@ -86,11 +88,22 @@ def upgrade() -> None:
         sa.Column("heartbeat_at", UTC_TS, nullable=False),
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("is_leader", sa.Boolean(), nullable=False),
-        sa.Column("leader_until", UTC_TS, nullable=True),
+    )
+    leader = op.create_table(
+        "scheduler_leader",
+        sa.Column("name", sa.String(32), primary_key=True),
+        sa.Column("instance_id", sa.String(200), nullable=True),
+        sa.Column("lease_until", UTC_TS, nullable=False),
+        sa.Column("since", UTC_TS, nullable=True),
+    )
+    op.bulk_insert(
+        leader,
+        [{"name": "leader", "instance_id": None, "lease_until": datetime(1970, 1, 1), "since": None}],
     )
 
 
 def downgrade() -> None:
+    op.drop_table("scheduler_leader")
     op.drop_table("scheduler_instances")
     op.drop_table("scheduler_executions")
     op.drop_table("scheduler_jobs")

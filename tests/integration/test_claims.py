@@ -10,7 +10,7 @@ from sqlalchemy import insert, select, text
 
 from app.claims import Claimer
 from app.clock import SystemClock
-from app.errors import RowBusy, SlotTaken
+from app.errors import RowBusy, SlotsUndecided, SlotTaken
 from app.outage import Outage
 from app.registry import Registry, cron
 from app.store import claims as claim_store
@@ -50,6 +50,7 @@ async def claim(
         now=now,
         lease_ms=60_000,
         forbid_overlap=forbid,
+        following=slot + timedelta(minutes=1),
     )
 
 
@@ -175,7 +176,9 @@ async def test_a_slot_whose_row_was_busy_is_still_claimed(db: Database, backend:
     held, release = asyncio.Event(), asyncio.Event()
     holder = asyncio.create_task(hold_job_row(db, backend, held, release))
     await held.wait()
-    claiming = asyncio.create_task(claimer.claim(registry.get("job"), SLOT, trigger="cron"))  # type: ignore[arg-type]
+    claiming = asyncio.create_task(
+        claimer.claim(registry.get("job"), SLOT, trigger="cron", following=SLOT)
+    )  # type: ignore[arg-type]
     await asyncio.sleep(0.3)
     assert not claiming.done(), "the claimer gave up on a busy row instead of retrying"
     release.set()
@@ -183,4 +186,15 @@ async def test_a_slot_whose_row_was_busy_is_still_claimed(db: Database, backend:
     result = await asyncio.wait_for(claiming, 5)
     assert result is not None and result.status == "RUNNING"
     assert claimer.stats.busy_retries > 0
+    assert await statuses(db) == [(SLOT.isoformat(), "RUNNING")]
+
+
+async def test_a_claim_that_finds_earlier_slots_undecided_says_so_and_records_nothing(
+    db: Database,
+) -> None:
+    await register(db)
+    await claim(db, forbid=False)  # the job now expects SLOT + 1 min next
+    with pytest.raises(SlotsUndecided) as gap:
+        await claim(db, SLOT + timedelta(minutes=3), forbid=False)
+    assert gap.value.expected == SLOT + timedelta(minutes=1)
     assert await statuses(db) == [(SLOT.isoformat(), "RUNNING")]

@@ -1,0 +1,76 @@
+"""The leader: one instance at a time does cluster housekeeping.
+
+Leadership is an optimisation of who does housekeeping, never a condition for firing: every
+instance claims slots whether it leads or not. The leader marks runs whose lease lapsed
+ABANDONED (queuing their retry when attempts remain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from app.clock import Clock
+from app.outage import DB_ERRORS, describe
+from app.store import leadership, lifeline
+from app.store.database import Database
+
+log = logging.getLogger("slotcron.leader")
+
+
+class Leader:
+    def __init__(
+        self, *, db: Database, clock: Clock, instance_id: str, lease: float, period: float
+    ) -> None:
+        self.db = db
+        self.clock = clock
+        self.instance_id = instance_id
+        self.lease = lease
+        self.period = period
+        self.leading = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="slotcron-leader")
+
+    async def stop(self) -> None:
+        """Stop, and resign so another instance takes over without waiting out the lease."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.leading:
+            with contextlib.suppress(*DB_ERRORS):
+                await leadership.resign(self.db, instance_id=self.instance_id)
+                log.info("resigned leadership")
+            self.leading = False
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except DB_ERRORS as exc:
+                log.debug("leader tick failed: %s", describe(exc))
+            await self.clock.sleep(self.period)
+
+    async def tick(self) -> None:
+        now = self.clock.now()
+        leading = await leadership.acquire_or_renew(
+            self.db, instance_id=self.instance_id, now=now, lease=self.lease
+        )
+        if leading != self.leading:
+            log.info("%s leadership", "took" if leading else "lost")
+            self.leading = leading
+        if not leading:
+            return
+        for run in await lifeline.abandon_lapsed(self.db, now=now):
+            log.warning(
+                "execution %s of %s (slot %s) ABANDONED: instance %s let its lease lapse at %s%s",
+                run.execution_id,
+                run.job_name,
+                run.scheduled_at.isoformat(),
+                run.instance_id,
+                run.lease_until.isoformat(),
+                f"; retry queued as {run.retry_id}" if run.retry_id else "",
+            )

@@ -1,0 +1,115 @@
+"""Taking QUEUED executions (retries of failed or abandoned runs) on any live instance.
+
+Polled once per heartbeat period, and woken early at the moment a retry this instance queued
+becomes due. Each is taken under the job's row lock, so ``overlap="forbid"`` holds against
+scheduled claims too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from app.clock import Clock
+from app.errors import RowBusy
+from app.outage import DB_ERRORS, Outage
+from app.registry import Job
+from app.store import queue
+from app.store.claims import Claim
+from app.store.database import Database
+
+log = logging.getLogger("slotcron.queued")
+
+
+class QueuedRuns:
+    def __init__(
+        self,
+        *,
+        db: Database,
+        clock: Clock,
+        instance_id: str,
+        jobs: dict[str, Job],
+        default_lease: float,
+        period: float,
+        outage: Outage,
+        start: Callable[[Job, Claim], None],
+    ) -> None:
+        self.db = db
+        self.clock = clock
+        self.instance_id = instance_id
+        self.jobs = jobs
+        self.default_lease = default_lease
+        self.period = period
+        self.outage = outage
+        self._start = start
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._timers: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="slotcron-queued")
+
+    async def stop(self) -> None:
+        for task in [self._task, *self._timers]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def wake_at(self, when: datetime) -> None:
+        """Poll at ``when`` (a retry this instance queued becomes due then)."""
+
+        async def timer() -> None:
+            await self.clock.sleep_until(when)
+            self._wake.set()
+
+        task = asyncio.create_task(timer())
+        self._timers.add(task)
+        task.add_done_callback(self._timers.discard)
+
+    async def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.period):
+                    await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.poll()
+            except DB_ERRORS as exc:
+                self.outage.failed(exc, "looking for queued runs")
+
+    async def poll(self) -> int:
+        """Take every due QUEUED execution of a job this instance knows; return how many."""
+        taken = 0
+        for item in await queue.due(self.db, now=self.clock.now()):
+            job = self.jobs.get(item.job_name)
+            if job is None:
+                continue  # another version's job: left to an instance that has it
+            try:
+                claim = await queue.take(
+                    self.db,
+                    execution_id=item.execution_id,
+                    job_name=job.name,
+                    instance_id=self.instance_id,
+                    now=self.clock.now(),
+                    lease_ms=round(job.lease_seconds(self.default_lease) * 1000),
+                    forbid_overlap=job.overlap == "forbid",
+                )
+            except RowBusy:
+                # Someone is claiming this job right now: look again shortly.
+                self.wake_at(self.clock.now() + timedelta(milliseconds=50))
+                continue
+            if claim is not None:
+                log.info(
+                    "%s slot %s: starting attempt %d (%s)",
+                    job.name,
+                    claim.scheduled_at.isoformat(),
+                    claim.attempt,
+                    claim.trigger,
+                )
+                self._start(job, claim)
+                taken += 1
+        return taken

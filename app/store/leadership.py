@@ -1,0 +1,66 @@
+"""Leadership: a lease on one row, taken by a conditional update and renewed only by its holder."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import case, select, update
+
+from app.store.database import Database
+from app.store.tables import LEADER_ROW, instances, leader
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+async def acquire_or_renew(db: Database, *, instance_id: str, now: datetime, lease: float) -> bool:
+    """Take the lease if it lapsed, or renew it if we hold it. True when we hold it after.
+
+    A node that lost the lease cannot renew it: the update only matches our own lease or a
+    lapsed one, so two nodes never both believe they lead for longer than clock error allows.
+    """
+    async with db.transaction() as conn:
+        result = await conn.execute(
+            update(leader)
+            .where(
+                leader.c.name == LEADER_ROW,
+                (leader.c.instance_id == instance_id) | (leader.c.lease_until < now),
+            )
+            .values(
+                since=case((leader.c.instance_id == instance_id, leader.c.since), else_=now),
+                instance_id=instance_id,
+                lease_until=now + timedelta(seconds=lease),
+            )
+        )
+        took = result.rowcount == 1
+        if took:
+            await conn.execute(
+                update(instances)
+                .where(instances.c.is_leader != (instances.c.instance_id == instance_id))
+                .values(is_leader=instances.c.instance_id == instance_id)
+            )
+    return took
+
+
+async def resign(db: Database, *, instance_id: str) -> None:
+    async with db.transaction() as conn:
+        await conn.execute(
+            update(leader)
+            .where(leader.c.name == LEADER_ROW, leader.c.instance_id == instance_id)
+            .values(lease_until=EPOCH)
+        )
+        await conn.execute(
+            update(instances).where(instances.c.instance_id == instance_id).values(is_leader=False)
+        )
+
+
+async def current(db: Database) -> tuple[str | None, datetime | None]:
+    """``(instance_id, lease_until)`` of the leadership lease."""
+    async with db.read() as conn:
+        row = (
+            await conn.execute(
+                select(leader.c.instance_id, leader.c.lease_until).where(
+                    leader.c.name == LEADER_ROW
+                )
+            )
+        ).one_or_none()
+    return (None, None) if row is None else (row.instance_id, row.lease_until)

@@ -1,0 +1,100 @@
+"""Runs whose instance died (their lease lapsed unrenewed): recorded ABANDONED, maybe retried."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import insert, select, update
+
+from app.store.database import Database
+from app.store.tables import executions, jobs
+
+
+@dataclass(frozen=True)
+class Abandoned:
+    execution_id: int
+    job_name: str
+    scheduled_at: datetime
+    instance_id: str | None
+    lease_until: datetime
+    retry_id: int | None
+
+
+async def queue_retry(
+    conn: Any, *, row: Any, now: datetime, backoff: float, reason_trigger: str = "retry"
+) -> int | None:
+    """Insert the next attempt of ``row``'s slot as QUEUED, carrying its params and state."""
+    result = await conn.execute(
+        insert(executions).values(
+            job_name=row.job_name,
+            scheduled_at=row.scheduled_at,
+            trigger=reason_trigger,
+            status="QUEUED",
+            attempt=row.attempt + 1,
+            created_at=now,
+            available_at=now + timedelta(seconds=backoff),
+            params=row.params or {},
+            state=row.state or {},
+        )
+    )
+    return int(result.inserted_primary_key[0])
+
+
+async def abandon_lapsed(db: Database, *, now: datetime, limit: int = 200) -> list[Abandoned]:
+    """Mark RUNNING executions whose lease lapsed before ``now`` ABANDONED; queue a retry for
+    each whose job allows another attempt (``max_attempts`` in the job's stored options)."""
+    async with db.read() as conn:
+        lapsed = (
+            await conn.execute(
+                select(
+                    executions.c.id,
+                    executions.c.job_name,
+                    executions.c.scheduled_at,
+                    executions.c.attempt,
+                    executions.c.instance_id,
+                    executions.c.lease_until,
+                    executions.c.params,
+                    executions.c.state,
+                )
+                .where(executions.c.status == "RUNNING", executions.c.lease_until < now)
+                .order_by(executions.c.lease_until)
+                .limit(limit)
+            )
+        ).all()
+    found: list[Abandoned] = []
+    for row in lapsed:
+        async with db.transaction() as conn:
+            result = await conn.execute(
+                update(executions)
+                .where(
+                    executions.c.id == row.id,
+                    executions.c.status == "RUNNING",
+                    executions.c.lease_until < now,  # renewed meanwhile: alive after all
+                )
+                .values(
+                    status="ABANDONED",
+                    finished_at=now,
+                    error=(
+                        f"instance {row.instance_id} stopped renewing the lease, which lapsed at "
+                        f"{row.lease_until.isoformat()}"
+                    ),
+                )
+            )
+            if result.rowcount != 1:
+                continue
+            options = (
+                await conn.execute(select(jobs.c.options).where(jobs.c.name == row.job_name))
+            ).scalar_one_or_none() or {}
+            retry_id = None
+            if row.attempt < int(options.get("max_attempts", 1)):
+                retry_id = await queue_retry(
+                    conn, row=row, now=now, backoff=float(options.get("retry_backoff", 10))
+                )
+        found.append(
+            Abandoned(
+                row.id, row.job_name, row.scheduled_at, row.instance_id, row.lease_until, retry_id
+            )
+        )
+    return found

@@ -1,0 +1,106 @@
+"""QUEUED executions (retries now; manual runs and restarts later), taken by any live instance."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import DBAPIError
+
+from app.errors import RowBusy
+from app.store.claims import _LEASE_HOLDER, _LOCK_JOB, Claim
+from app.store.database import Database
+from app.store.tables import executions
+
+
+@dataclass(frozen=True)
+class Queued:
+    execution_id: int
+    job_name: str
+    available_at: datetime
+
+
+async def due(db: Database, *, now: datetime, limit: int = 100) -> list[Queued]:
+    async with db.read() as conn:
+        rows = (
+            await conn.execute(
+                select(executions.c.id, executions.c.job_name, executions.c.available_at)
+                .where(executions.c.status == "QUEUED", executions.c.available_at <= now)
+                .order_by(executions.c.available_at)
+                .limit(limit)
+            )
+        ).all()
+    return [Queued(int(r.id), r.job_name, r.available_at) for r in rows]
+
+
+async def next_due(db: Database) -> datetime | None:
+    async with db.read() as conn:
+        return (
+            await conn.execute(
+                select(executions.c.available_at)
+                .where(executions.c.status == "QUEUED")
+                .order_by(executions.c.available_at)
+                .limit(1)
+            )
+        ).scalar_one_or_none()
+
+
+async def take(
+    db: Database,
+    *,
+    execution_id: int,
+    job_name: str,
+    instance_id: str,
+    now: datetime,
+    lease_ms: int,
+    forbid_overlap: bool,
+) -> Claim | None:
+    """Start a QUEUED execution on this instance; None if another instance took it, or (under
+    ``forbid``) a run of the job still holds its lease. Raises RowBusy like a claim."""
+    try:
+        async with db.transaction(nowait=True) as conn:
+            # The job's row lock orders this against claims, so forbid holds across both.
+            if (await conn.execute(_LOCK_JOB, {"p_job": job_name})).one_or_none() is None:
+                return None
+            if (
+                forbid_overlap
+                and (
+                    await conn.execute(_LEASE_HOLDER, {"p_job": job_name, "p_now": now})
+                ).one_or_none()
+            ):
+                return None
+            lease_until = now + timedelta(milliseconds=lease_ms)
+            result = await conn.execute(
+                update(executions)
+                .where(executions.c.id == execution_id, executions.c.status == "QUEUED")
+                .values(
+                    status="RUNNING",
+                    instance_id=instance_id,
+                    started_at=now,
+                    heartbeat_at=now,
+                    lease_until=lease_until,
+                    lease_ms=lease_ms,
+                )
+            )
+            if result.rowcount != 1:
+                return None
+            row = (
+                await conn.execute(select(executions).where(executions.c.id == execution_id))
+            ).one()
+    except DBAPIError as exc:
+        if db.dialect.is_lock_unavailable(exc):
+            raise RowBusy(job_name) from None
+        raise
+    return Claim(
+        execution_id=execution_id,
+        job_name=job_name,
+        scheduled_at=row.scheduled_at,
+        trigger=row.trigger,
+        status="RUNNING",
+        attempt=row.attempt,
+        lease_until=lease_until,
+        lease_ms=lease_ms,
+        params=dict(row.params or {}),
+        state=dict(row.state or {}),
+    )
