@@ -98,7 +98,7 @@ def upgrade() -> None:
     )
     op.bulk_insert(
         leader,
-        [{"name": "leader", "instance_id": None, "lease_until": datetime(1970, 1, 1), "since": None}],
+        [{"name": "leader", "instance_id": None, "lease_until": datetime(1970, 1, 1)}],
     )
 
 
