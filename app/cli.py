@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     history.add_argument("--limit", type=_positive_int, default=50)
     history.add_argument("--json", action="store_true", help="print one JSON array")
+
+    inst = commands.add_parser("instances", help="instances, heartbeats, state, leader")
+    inst.add_argument("--json", action="store_true", help="print one JSON array")
     return parser
 
 
@@ -238,40 +241,102 @@ def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([_history_record(r) for r in records], indent=2))
         return 0
+    rows = []
+    for r in records:
+        took = f"{r.duration_ms / 1000:.2f}s" if r.duration_ms is not None else ""
+        first_error = (r.error or "").strip().splitlines()
+        rows.append(
+            (
+                str(r.id),
+                r.job,
+                iso(r.scheduled_at) or "",
+                r.trigger,
+                r.status,
+                str(r.attempt),
+                r.instance_id or "",
+                took,
+                first_error[-1] if first_error else "",
+            )
+        )
+    header = ("ID", "JOB", "SLOT (UTC)", "TRIGGER", "STATUS", "TRY", "INSTANCE", "TOOK", "ERROR")
+    _print_table(header, rows)
+    if not records:
+        print("no executions match")
+    return 0
+
+
+def cmd_instances(settings: Settings, args: argparse.Namespace) -> int:
+    from app.store.database import Database
+    from app.store.registrations import list_instances
+
+    async def go() -> list[Any]:
+        db = Database.connect(settings.url, 1)
+        try:
+            return await list_instances(db)
+        finally:
+            await db.close()
+
+    records = _run_async(go())
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "instance_id": r.instance_id,
+                        "host": r.host,
+                        "pid": r.pid,
+                        "version": r.version,
+                        "started_at": iso(r.started_at),
+                        "heartbeat_at": iso(r.heartbeat_at),
+                        "state": r.state,
+                        "leader": r.leader,
+                    }
+                    for r in records
+                ],
+                indent=2,
+            )
+        )
+        return 0
+    _print_table(
+        (
+            "INSTANCE",
+            "HOST",
+            "PID",
+            "VERSION",
+            "STATE",
+            "LEADER",
+            "STARTED (UTC)",
+            "HEARTBEAT (UTC)",
+        ),
+        [
+            (
+                r.instance_id,
+                r.host,
+                str(r.pid),
+                r.version,
+                r.state,
+                "yes" if r.leader else "",
+                iso(r.started_at) or "",
+                iso(r.heartbeat_at) or "",
+            )
+            for r in records
+        ],
+    )
+    if not records:
+        print("no instances have registered")
+    return 0
+
+
+def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in (
-        "ID",
-        "JOB",
-        "SLOT (UTC)",
-        "TRIGGER",
-        "STATUS",
-        "TRY",
-        "INSTANCE",
-        "TOOK",
-        "ERROR",
-    ):
+    for column in header:
         table.add_column(column, overflow="fold" if column == "ERROR" else "ellipsis")
-    for r in records:
-        took = f"{r.duration_ms / 1000:.2f}s" if r.duration_ms is not None else ""
-        first_error = (r.error or "").strip().splitlines()
-        table.add_row(
-            str(r.id),
-            r.job,
-            iso(r.scheduled_at),
-            r.trigger,
-            r.status,
-            str(r.attempt),
-            r.instance_id or "",
-            took,
-            first_error[-1] if first_error else "",
-        )
+    for row in rows:
+        table.add_row(*row)
     Console(width=max(Console().width, 160)).print(table)
-    if not records:
-        print("no executions match")
-    return 0
 
 
 COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
@@ -279,6 +344,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "migrate": cmd_migrate,
     "check": cmd_check,
     "history": cmd_history,
+    "instances": cmd_instances,
 }
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
+from app.store import leadership
 from app.store.database import Database
 from app.store.tables import instances, jobs
 
@@ -131,3 +132,46 @@ async def set_instance_state(db: Database, *, instance_id: str, state: str, now:
             .where(instances.c.instance_id == instance_id)
             .values(state=state, heartbeat_at=now)
         )
+
+
+@dataclass(frozen=True)
+class InstanceRecord:
+    instance_id: str
+    host: str
+    pid: int
+    version: str
+    started_at: datetime
+    heartbeat_at: datetime
+    state: str
+    leader: bool
+
+
+async def list_instances(db: Database) -> list[InstanceRecord]:
+    """Every instance row, newest heartbeat first; ``leader`` from the live leadership lease."""
+    holder, lease_until = await leadership.current(db)
+    async with db.read() as conn:
+        rows = (
+            await conn.execute(select(instances).order_by(instances.c.heartbeat_at.desc()))
+        ).all()
+        now = await _now(db, conn)
+    live_holder = holder if lease_until is not None and lease_until > now else None
+    return [
+        InstanceRecord(
+            instance_id=r.instance_id,
+            host=r.host,
+            pid=r.pid,
+            version=r.version,
+            started_at=r.started_at,
+            heartbeat_at=r.heartbeat_at,
+            state=r.state,
+            leader=r.instance_id == live_holder,
+        )
+        for r in rows
+    ]
+
+
+async def _now(db: Database, conn: Any) -> datetime:
+    """The database's clock (ours for SQLite): what leases are judged by."""
+    if db.dialect.now_sql is None:
+        return datetime.now(UTC)
+    return db.dialect.parse_now((await conn.execute(text(db.dialect.now_sql))).scalar_one())
