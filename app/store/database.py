@@ -64,9 +64,9 @@ class Database:
                 yield conn
 
     async def clock_sample(self) -> datetime | None:
-        """The database's own clock, or None when it has none (SQLite shares ours)."""
+        """The database's clock (for SQLite, its storage's), or None to use this machine's."""
         if self.dialect.now_sql is None:
-            return None
+            return self.dialect.storage_clock(self.engine.url)
         async with self.read() as conn:
             value = (await conn.execute(text(self.dialect.now_sql))).scalar_one()
         return self.dialect.parse_now(value)

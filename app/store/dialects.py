@@ -5,6 +5,7 @@ No ``if dialect == ...`` lives outside this module.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -58,6 +59,10 @@ class Dialect:
     async def migration_lock(self, conn: AsyncConnection) -> AsyncIterator[None]:
         """Serialise concurrent ``migrate`` runs from several instances starting at once."""
         yield
+
+    def storage_clock(self, url: URL) -> datetime | None:
+        """A clock for databases without one of their own; None: use this machine's."""
+        return None
 
     def parse_now(self, value: Any) -> datetime:
         if isinstance(value, datetime):
@@ -150,6 +155,25 @@ class SQLite(Dialect):
 
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
         return {"pool_size": pool_size, "max_overflow": 0}
+
+    def storage_clock(self, url: URL) -> datetime | None:
+        """The kernel's clock, read off the mtime of a file beside the database.
+
+        SQLite has no server clock, and every instance sharing the file runs on this machine:
+        the kernel stamping a write is the one clock they all share, even when a process's own
+        view of time is off (libfaketime, a wrong TZ-less container clock). The stamp is
+        floored to the kernel tick, so an instance may fire a few ms late, never early.
+        """
+        database = url.database
+        if not database or database == ":memory:" or database.startswith("file:"):
+            return None
+        fd = os.open(f"{database}-clock", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, b"\n")
+            stamp = os.fstat(fd).st_mtime_ns
+        finally:
+            os.close(fd)
+        return datetime.fromtimestamp(stamp // 1000 / 1_000_000, UTC)
 
     def is_lock_unavailable(self, exc: BaseException) -> bool:
         message = str(getattr(exc, "orig", exc)).lower()

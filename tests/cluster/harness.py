@@ -98,6 +98,17 @@ class Instance:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
 
+    def full_log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
