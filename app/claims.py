@@ -11,7 +11,7 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from app.clock import Clock
 from app.errors import RowBusy, SlotTaken
@@ -62,14 +62,16 @@ class Claimer:
         following: datetime,
         missed_reason: str | None = None,
         check_gap: bool = True,
+        give_up_at: datetime | None = None,
     ) -> Claim | None:
         """The slot's record if this instance decided its fate, or None if another did (or it
         could not be claimed before the deadline, or this instance is shutting down).
 
         Raises :class:`SlotsUndecided` (with ``check_gap``) when earlier slots of the job were
-        never decided: the caller accounts for them first."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + BUSY_DEADLINE
+        never decided: the caller accounts for them first. Stops trying at ``give_up_at`` (by
+        the scheduler's clock; default :data:`BUSY_DEADLINE` from now): a slot not decided by
+        then is left undecided, for the misfire policy to account for."""
+        deadline = give_up_at or self.clock.now() + timedelta(seconds=BUSY_DEADLINE)
         busy = 0
         delay = 0.05
         while not self.closing:
@@ -95,13 +97,13 @@ class Claimer:
                 self.outage.recovered()
                 busy += 1
                 self.stats.busy_retries += 1
-                if loop.time() > deadline:
+                if self.clock.now() > deadline:
                     break
                 await asyncio.sleep(random.uniform(0.001, 0.004) * min(busy, 8))
                 continue
             except DB_ERRORS as exc:
                 self.outage.failed(exc, f"claiming {job.name}")
-                if loop.time() > deadline:
+                if self.clock.now() > deadline:
                     break
                 await asyncio.sleep(delay * random.uniform(0.5, 1.5))
                 delay = min(delay * 2, 2.0)
@@ -112,11 +114,10 @@ class Claimer:
         if not self.closing:
             self.stats.gave_up += 1
             log.warning(
-                "could not claim %s slot %s within %.0f s (%d busy retries); the misfire policy "
+                "could not claim %s slot %s in time (%d busy retries); the misfire policy "
                 "accounts for it",
                 job.name,
                 slot.isoformat(),
-                BUSY_DEADLINE,
                 busy,
             )
         return None

@@ -2,7 +2,8 @@
 
 Leadership is an optimisation of who does housekeeping, never a condition for firing: every
 instance claims slots whether it leads or not. The leader marks runs whose lease lapsed
-ABANDONED (queuing their retry when attempts remain).
+ABANDONED (queuing their retry when attempts remain), and has slots that nobody decided in
+time (an outage, every instance down) put through their job's misfire policy.
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from datetime import datetime
 
 from app.clock import Clock
 from app.outage import DB_ERRORS, describe
-from app.store import leadership, lifeline
+from app.scheduler import MAX_GRACE
+from app.store import leadership, lifeline, registrations
 from app.store.database import Database
 
 log = logging.getLogger("slotcron.leader")
@@ -21,8 +25,17 @@ log = logging.getLogger("slotcron.leader")
 
 class Leader:
     def __init__(
-        self, *, db: Database, clock: Clock, instance_id: str, lease: float, period: float
+        self,
+        *,
+        db: Database,
+        clock: Clock,
+        instance_id: str,
+        lease: float,
+        period: float,
+        reconcile: Callable[[str, datetime], bool] = lambda _name, _expected: False,
     ) -> None:
+        self.reconcile = reconcile
+        self._unknown: set[str] = set()
         self.db = db
         self.clock = clock
         self.instance_id = instance_id
@@ -74,3 +87,14 @@ class Leader:
                 run.lease_until.isoformat(),
                 f"; retry queued as {run.retry_id}" if run.retry_id else "",
             )
+        # Claims give up at most MAX_GRACE after a slot: an expected slot older than that was
+        # left undecided by everyone.
+        for name, expected in await registrations.overdue_jobs(self.db, before=now - MAX_GRACE):
+            if not self.reconcile(name, expected) and name not in self._unknown:
+                self._unknown.add(name)
+                log.warning(
+                    "%s has slots undecided since %s, but this instance does not have the job: "
+                    "an instance that has it will decide them at its next claim",
+                    name,
+                    expected.isoformat(),
+                )

@@ -54,6 +54,7 @@ class Scheduler:
         self._capacity = asyncio.Semaphore(capacity)
         self._schedules = {job.name: job.schedule(default_timezone) for job in jobs}
         self._jobs = [job for job in jobs if job.enabled]
+        self._by_name = {job.name: job for job in self._jobs}
         self._heap: list[tuple[datetime, int, Job]] = []
         self._seq = itertools.count()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -134,6 +135,7 @@ class Scheduler:
         trigger: str,
         missed_reason: str | None = None,
         check_gap: bool = True,
+        give_up_at: datetime | None = None,
     ) -> Claim | None:
         return await self.claimer.claim(
             job,
@@ -142,12 +144,16 @@ class Scheduler:
             following=self.schedule_of(job).next_after(slot),
             missed_reason=missed_reason,
             check_gap=check_gap,
+            give_up_at=give_up_at,
         )
 
     async def _fire(self, job: Job, slot: datetime) -> None:
+        # Past its grace, a slot is no longer started as if on time: it is left to the misfire
+        # policy (found by the next claim, or by the leader's sweep).
+        give_up_at = slot + grace(self.schedule_of(job), slot)
         async with self._capacity:
             try:
-                claim = await self._claim(job, slot, trigger=job.trigger)
+                claim = await self._claim(job, slot, trigger=job.trigger, give_up_at=give_up_at)
             except SlotsUndecided as gap:
                 # Slots before this one were never decided: account for them first, in order.
                 expected: datetime = gap.expected  # type: ignore[assignment]
@@ -163,7 +169,9 @@ class Scheduler:
                     job.misfire,
                 )
                 await self._decide_late(job, late, now)
-                claim = await self._claim(job, slot, trigger=job.trigger, check_gap=False)
+                claim = await self._claim(
+                    job, slot, trigger=job.trigger, check_gap=False, give_up_at=give_up_at
+                )
             self._past_claim()
             if claim is None or claim.status != "RUNNING":
                 if claim is not None:
@@ -177,6 +185,29 @@ class Scheduler:
         self._past_claim()
         async with self._capacity:
             await self.runner.run(job, claim)
+
+    def reconcile(self, name: str, expected: datetime) -> bool:
+        """Decide a job's overdue slots now, from ``expected`` (the leader's sweep after an
+        outage). False when this instance does not have the job."""
+        job = self._by_name.get(name)
+        if job is None or self.claimer.closing:
+            return False
+        now = self.clock.now()
+        late, _ = self._late_slots(job, expected, now)
+        if late:
+            log.warning(
+                "%s: deciding %d overdue slots from %s (misfire=%r)",
+                name,
+                len(late),
+                expected.isoformat(),
+                job.misfire,
+            )
+            self._spawn(self._reconcile(job, late, now), job)
+        return True
+
+    async def _reconcile(self, job: Job, late: list[datetime], now: datetime) -> None:
+        async with self._capacity:
+            await self._decide_late(job, late, now)
 
     def start_claimed(self, job: Job, claim: Claim) -> None:
         """Run an execution another role started (a QUEUED retry), under the same capacity

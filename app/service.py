@@ -85,6 +85,7 @@ class Service:
             instance_id=self.instance_id,
             lease=settings.lease_seconds,
             period=period,
+            reconcile=self.scheduler.reconcile,
         )
         self.expected: dict[str, datetime | None] = {}
         self.heartbeat = Heartbeat(

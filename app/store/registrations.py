@@ -175,3 +175,18 @@ async def _now(db: Database, conn: Any) -> datetime:
     if db.dialect.now_sql is None:
         return datetime.now(UTC)
     return db.dialect.parse_now((await conn.execute(text(db.dialect.now_sql))).scalar_one())
+
+
+async def overdue_jobs(
+    db: Database, *, before: datetime, limit: int = 100
+) -> list[tuple[str, datetime]]:
+    """Jobs whose expected slot is older than ``before``: nobody decided it (an outage, or
+    every instance down). ``(name, next_slot_at)``, most overdue first."""
+    async with db.read() as conn:
+        rows = await conn.execute(
+            select(jobs.c.name, jobs.c.next_slot_at)
+            .where(jobs.c.next_slot_at < before)
+            .order_by(jobs.c.next_slot_at)
+            .limit(limit)
+        )
+        return [(r.name, r.next_slot_at) for r in rows]

@@ -78,6 +78,7 @@ jobs = Table(
     Column("updated_at", UTCDateTime(), nullable=False),
     Column("updated_by", String(200), nullable=True),
     Column("version", String(32), nullable=True),
+    Index("ix_scheduler_jobs_next_slot", "next_slot_at"),
 )
 
 executions = Table(

@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import insert, select
 
-import app.claims
 from app import JobContext
 from app.clock import ManualClock
 from app.registry import Registry, cron, every
@@ -164,11 +163,10 @@ async def test_slots_due_while_no_instance_ran_are_accounted_for_at_start(
 
 
 async def test_a_slot_whose_claim_gave_up_is_recorded_when_the_next_one_is_claimed(
-    db: Database, backend: str, start_service: ServiceFactory, monkeypatch: pytest.MonkeyPatch
+    db: Database, backend: str, start_service: ServiceFactory
 ) -> None:
     if backend == "sqlite":
         pytest.skip("SQLite's lock is database-wide: holding it for seconds stalls every write")
-    monkeypatch.setattr(app.claims, "BUSY_DEADLINE", 0.3)
     registry = Registry()
     ran: list[datetime] = []
 
@@ -180,15 +178,16 @@ async def test_a_slot_whose_claim_gave_up_is_recorded_when_the_next_one_is_claim
     service = await start_service(list(registry), clock=clock)
     await clock.set(T0 + timedelta(seconds=10))
     await wait_for(lambda: len(ran) == 1, what="slot :10")
-    # The job's row stays locked through :20, so that claim gives up (as in an outage).
+    # The job's row stays locked (as in an outage) until :20 is past its grace (10 s).
     held, release = asyncio.Event(), asyncio.Event()
     holder = asyncio.create_task(hold_job_row(db, backend, held, release))
     await held.wait()
     await clock.set(T0 + timedelta(seconds=20))
+    await wait_for(lambda: service.claimer.stats.busy_retries > 0, what="busy retries for :20")
+    await clock.set(T0 + timedelta(seconds=30))
     await wait_for(lambda: service.claimer.stats.gave_up == 1, what="the :20 claim to give up")
     release.set()
     await holder
-    await clock.set(T0 + timedelta(seconds=30))
     base = T0.replace(microsecond=0)
 
     async def settled() -> bool:
@@ -202,3 +201,37 @@ async def test_a_slot_whose_claim_gave_up_is_recorded_when_the_next_one_is_claim
     await wait_for(settled, what=":20 MISSED once :30 is claimed")
     missed = next(r for r in await rows(db, "ten") if r["status"] == "MISSED")
     assert "misfire" in str(missed["error"])
+
+
+async def test_the_leader_decides_a_slot_left_undecided_without_waiting_for_the_next_one(
+    db: Database, backend: str, start_service: ServiceFactory
+) -> None:
+    if backend == "sqlite":
+        pytest.skip("SQLite's lock is database-wide: holding it for seconds stalls every write")
+    registry = Registry()
+    ran: list[tuple[datetime, str]] = []
+
+    @cron("0 0 * * *", name="midnight", misfire="once", registry=registry)
+    async def midnight(ctx: JobContext) -> None:
+        ran.append((ctx.scheduled_at, ctx.trigger))
+
+    eve = datetime(2026, 11, 22, 23, 59, 59, tzinfo=UTC)
+    clock = ManualClock(eve)
+    service = await start_service(list(registry), clock=clock, heartbeat_seconds=0.5)
+    await wait_for(lambda: service.leader.leading, what="leadership")
+    held, release = asyncio.Event(), asyncio.Event()
+    holder = asyncio.create_task(hold_job_row(db, backend, held, release))
+    await held.wait()
+    await clock.set(eve + timedelta(seconds=1))  # midnight: its claim finds the row busy
+    await wait_for(lambda: service.claimer.stats.busy_retries > 0, what="busy retries")
+    await clock.set(eve + timedelta(seconds=62))  # past the 60 s grace: it gives up
+    await wait_for(lambda: service.claimer.stats.gave_up == 1, what="the claim to give up")
+    release.set()
+    await holder
+    # The next slot is tomorrow; the leader's sweep decides midnight now instead.
+    for step in range(1, 40):
+        await clock.set(eve + timedelta(seconds=62 + step * 0.5))
+        if ran:
+            break
+        await asyncio.sleep(0.05)
+    assert ran == [(datetime(2026, 11, 23, tzinfo=UTC), "catchup")]
