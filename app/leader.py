@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from app.clock import Clock
 from app.outage import DB_ERRORS, describe
@@ -86,6 +86,13 @@ class Leader:
                 run.instance_id,
                 run.lease_until.isoformat(),
                 f"; retry queued as {run.retry_id}" if run.retry_id else "",
+            )
+        silent = await registrations.mark_silent_instances(
+            self.db, before=now - timedelta(seconds=self.lease)
+        )
+        if silent:
+            log.warning(
+                "instances silent for over a lease, recorded stopped: %s", ", ".join(silent)
             )
         # Claims give up at most MAX_GRACE after a slot: an expected slot older than that was
         # left undecided by everyone.

@@ -190,3 +190,24 @@ async def overdue_jobs(
             .limit(limit)
         )
         return [(r.name, r.next_slot_at) for r in rows]
+
+
+async def mark_silent_instances(db: Database, *, before: datetime) -> list[str]:
+    """Instances that stopped heartbeating (killed, or cut off) before ``before``: recorded
+    ``stopped``, so ``instances`` does not show the dead as running."""
+    async with db.transaction() as conn:
+        silent = [
+            r.instance_id
+            for r in await conn.execute(
+                select(instances.c.instance_id).where(
+                    instances.c.state != "stopped", instances.c.heartbeat_at < before
+                )
+            )
+        ]
+        if silent:
+            await conn.execute(
+                update(instances)
+                .where(instances.c.instance_id.in_(silent), instances.c.heartbeat_at < before)
+                .values(state="stopped", is_leader=False)
+            )
+    return silent

@@ -235,3 +235,26 @@ async def test_the_leader_decides_a_slot_left_undecided_without_waiting_for_the_
             break
         await asyncio.sleep(0.05)
     assert ran == [(datetime(2026, 11, 23, tzinfo=UTC), "catchup")]
+
+
+async def test_an_instance_that_stopped_heartbeating_is_recorded_stopped_by_the_leader(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    from app.store import registrations
+    from app.store.tables import instances
+
+    long_ago = datetime.now(UTC) - timedelta(minutes=5)
+    await registrations.register_instance(
+        db, instance_id="killed", host="h", pid=1, version="0", now=long_ago
+    )
+    await start_service([], instance_id="alive", lease_seconds=2, heartbeat_seconds=0.2)
+
+    async def states() -> dict[str, str]:
+        async with db.read() as conn:
+            found = await conn.execute(select(instances.c.instance_id, instances.c.state))
+            return {r.instance_id: r.state for r in found}
+
+    async def settled() -> bool:
+        return await states() == {"killed": "stopped", "alive": "running"}
+
+    await wait_for(settled, what="the silent instance recorded stopped")
