@@ -110,7 +110,42 @@ def build_parser() -> argparse.ArgumentParser:
 
     inst = commands.add_parser("instances", help="instances, heartbeats, state, leader")
     inst.add_argument("--json", action="store_true", help="print one JSON array")
+
+    jobs_ = commands.add_parser("jobs", help="jobs known to the database")
+    jobs_.add_argument("--json", action="store_true", help="print one JSON array")
+
+    trig = commands.add_parser("trigger", help="queue a manual run now, for any live instance")
+    trig.add_argument("job", metavar="JOB")
+    trig.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        type=_param,
+        metavar="K=V",
+        help="a parameter for ctx.params (repeatable)",
+    )
+
+    for verb, text in (
+        ("pause", "record the job's slots SKIPPED until resumed"),
+        ("resume", "run the job's slots again"),
+    ):
+        sub = commands.add_parser(verb, help=text)
+        sub.add_argument("job", metavar="JOB")
+        if verb == "pause":
+            sub.add_argument("--reason", help="recorded with each skipped slot")
+
+    restart = commands.add_parser(
+        "restart", help="run a FAILED, STOPPED or ABANDONED slot again, with its saved state"
+    )
+    restart.add_argument("execution_id", type=_positive_int, metavar="EXECUTION_ID")
     return parser
+
+
+def _param(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"--param {text!r}: expected KEY=VALUE")
+    return key.strip(), value
 
 
 def import_jobs(modules: Sequence[str]) -> list[Job]:
@@ -327,6 +362,125 @@ def cmd_instances(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _with_db(settings: Settings, work: Callable[[Any], Coroutine[Any, Any, Any]]) -> Any:
+    from app.store.database import Database
+
+    async def go() -> Any:
+        db = Database.connect(settings.url, 1)
+        try:
+            return await work(db)
+        finally:
+            await db.close()
+
+    return _run_async(go())
+
+
+async def _db_now(db: Any) -> datetime:
+    from app.clock import DatabaseClock
+
+    clock = DatabaseClock(db.clock_sample)
+    await clock.sync()
+    return clock.now()
+
+
+def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
+    from app.store.operations import list_jobs
+
+    records = _with_db(settings, list_jobs)
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "name": r.name,
+                        "kind": r.kind,
+                        "schedule": r.schedule,
+                        "timezone": r.timezone,
+                        "next_slot": iso(r.next_slot),
+                        "paused": r.paused,
+                        "paused_reason": r.paused_reason,
+                        "last_status": r.last_status,
+                        "last_slot": iso(r.last_slot),
+                        "last_finished": iso(r.last_finished),
+                        "registered_by": r.registered_by,
+                        "version": r.version,
+                    }
+                    for r in records
+                ],
+                indent=2,
+            )
+        )
+        return 0
+    _print_table(
+        ("JOB", "SCHEDULE", "TIMEZONE", "NEXT SLOT (UTC)", "PAUSED", "LAST", "LAST SLOT (UTC)"),
+        [
+            (
+                r.name,
+                r.schedule,
+                r.timezone,
+                iso(r.next_slot) or "",
+                "paused" if r.paused else "",
+                r.last_status or "",
+                iso(r.last_slot) or "",
+            )
+            for r in records
+        ],
+    )
+    if not records:
+        print("no jobs are known to the database yet")
+    return 0
+
+
+def cmd_trigger(settings: Settings, args: argparse.Namespace) -> int:
+    from app.store import operations
+
+    async def work(db: Any) -> Any:
+        now = await _db_now(db)
+        live = await operations.live_instances(db, now=now, within=settings.lease_seconds)
+        if not live:
+            raise Refused(
+                f"no live instance to run {args.job!r}: start `slotcron run` (an instance is live "
+                f"while it heartbeats within SCHEDULER_LEASE_SECONDS={settings.lease_seconds:g})"
+            )
+        return await operations.trigger(db, job=args.job, params=dict(args.param), now=now)
+
+    queued = _with_db(settings, work)
+    print(
+        f"queued execution {queued.execution_id}: {queued.job} manual run "
+        f"(slot {iso(queued.scheduled_at)})"
+    )
+    return 0
+
+
+def cmd_pause(settings: Settings, args: argparse.Namespace) -> int:
+    from app.store import operations
+
+    pausing = args.command == "pause"
+    changed = _with_db(
+        settings,
+        lambda db: operations.set_paused(
+            db, job=args.job, paused=pausing, reason=getattr(args, "reason", None)
+        ),
+    )
+    state = "paused" if pausing else "resumed"
+    print(f"{args.job} {state}" if changed else f"{args.job} was already {state}")
+    return 0
+
+
+def cmd_restart(settings: Settings, args: argparse.Namespace) -> int:
+    from app.store import operations
+
+    async def work(db: Any) -> Any:
+        return await operations.restart(db, execution_id=args.execution_id, now=await _db_now(db))
+
+    queued = _with_db(settings, work)
+    print(
+        f"queued execution {queued.execution_id}: {queued.job} slot {iso(queued.scheduled_at)}, "
+        f"attempt {queued.attempt} (restart)"
+    )
+    return 0
+
+
 def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -345,6 +499,11 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "check": cmd_check,
     "history": cmd_history,
     "instances": cmd_instances,
+    "jobs": cmd_jobs,
+    "trigger": cmd_trigger,
+    "pause": cmd_pause,
+    "resume": cmd_pause,
+    "restart": cmd_restart,
 }
 
 

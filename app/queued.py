@@ -1,7 +1,6 @@
-"""Taking QUEUED executions (retries of failed or abandoned runs) on any live instance.
+"""Taking QUEUED executions (manual runs, restarts, retries) on any live instance.
 
-Polled once per heartbeat period, and woken early at the moment a retry this instance queued
-becomes due. Each is taken under the job's row lock, so ``overlap="forbid"`` holds against
+Polled about once a second, and woken at the moment a retry this instance queued becomes due. Each is taken under the job's row lock, so ``overlap="forbid"`` holds against
 scheduled claims too.
 """
 

@@ -28,6 +28,8 @@ from app.version import __version__
 
 log = logging.getLogger("slotcron.service")
 
+QUEUE_POLL_SECONDS = 1.0
+
 
 class Service:
     """One slotcron instance. ``clock`` defaults to the database's clock."""
@@ -75,7 +77,8 @@ class Service:
             instance_id=self.instance_id,
             jobs={job.name: job for job in self.jobs},
             default_lease=settings.lease_seconds,
-            period=period,
+            # A manual run is expected to start within a second or two.
+            period=min(period, QUEUE_POLL_SECONDS),
             outage=self.outage,
             start=self.scheduler.start_claimed,
         )
@@ -134,7 +137,7 @@ class Service:
             JobRow(
                 name=job.name,
                 kind=job.kind,
-                schedule=job.expression,
+                schedule=self.scheduler.schedule_of(job).describe(),
                 timezone=job.timezone or self.settings.timezone,
                 options=job.options(),
                 first_slot=self.scheduler.schedule_of(job).next_after(now),
