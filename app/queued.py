@@ -1,7 +1,8 @@
 """Taking QUEUED executions (manual runs, restarts, retries) on any live instance.
 
-Polled about once a second, and woken at the moment a retry this instance queued becomes due. Each is taken under the job's row lock, so ``overlap="forbid"`` holds against
-scheduled claims too.
+Polled about once a second, and woken at the moment a retry this instance queued becomes due.
+Each is taken under the job's row lock, so ``overlap="forbid"`` holds against scheduled claims
+too.
 """
 
 from __future__ import annotations
