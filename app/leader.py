@@ -2,8 +2,9 @@
 
 Leadership is an optimisation of who does housekeeping, never a condition for firing: every
 instance claims slots whether it leads or not. The leader marks runs whose lease lapsed
-ABANDONED (queuing their retry when attempts remain), and has slots that nobody decided in
-time (an outage, every instance down) put through their job's misfire policy.
+ABANDONED (queuing their retry when attempts remain), has slots that nobody decided in time
+(an outage, every instance down) put through their job's misfire policy, records silent
+instances stopped, and prunes history past retention.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from datetime import datetime, timedelta
 from app.clock import Clock
 from app.outage import DB_ERRORS, describe
 from app.scheduler import MAX_GRACE
-from app.store import leadership, lifeline, registrations
+from app.store import leadership, lifeline, registrations, retention
 from app.store.database import Database
 
 log = logging.getLogger("slotcron.leader")
@@ -33,7 +34,9 @@ class Leader:
         lease: float,
         period: float,
         reconcile: Callable[[str, datetime], bool] = lambda _name, _expected: False,
+        retention_days: float = 30,
     ) -> None:
+        self.retention = timedelta(days=retention_days)
         self.reconcile = reconcile
         self._unknown: set[str] = set()
         self.db = db
@@ -87,6 +90,9 @@ class Leader:
                 run.lease_until.isoformat(),
                 f"; retry queued as {run.retry_id}" if run.retry_id else "",
             )
+        pruned = await retention.prune(self.db, before=now - self.retention)
+        if pruned:
+            log.info("pruned %d executions older than %s", pruned, self.retention)
         silent = await registrations.mark_silent_instances(
             self.db, before=now - timedelta(seconds=self.lease)
         )

@@ -89,6 +89,7 @@ class Service:
             lease=settings.lease_seconds,
             period=period,
             reconcile=self.scheduler.reconcile,
+            retention_days=settings.history_retention_days,
         )
         self.expected: dict[str, datetime | None] = {}
         self.heartbeat = Heartbeat(

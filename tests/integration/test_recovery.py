@@ -258,3 +258,35 @@ async def test_an_instance_that_stopped_heartbeating_is_recorded_stopped_by_the_
         return await states() == {"killed": "stopped", "alive": "running"}
 
     await wait_for(settled, what="the silent instance recorded stopped")
+
+
+async def test_retention_prunes_old_history_and_the_pruned_slot_stays_closed(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    from app.store import retention
+
+    registry = Registry()
+    ran: list[datetime] = []
+
+    @every(seconds=10, name="old", registry=registry)
+    async def old(ctx: JobContext) -> None:
+        ran.append(ctx.scheduled_at)
+
+    clock = ManualClock(T0)
+    service = await start_service(list(registry), clock=clock, instance_id="keeper")
+    await clock.set(T0 + timedelta(seconds=10))
+    await wait_for(lambda: len(ran) == 1, what="slot :10")
+    await wait_for(lambda: _statuses(db, "old", ran[0], ["COMPLETED"]), what="recorded")
+    pruned = await retention.prune(db, before=T0 + timedelta(days=31))
+    assert pruned == 1
+    assert await rows(db, "old") == []
+    # The slot's record is gone, but the slot stays closed to every claimer.
+    claim = await service.claimer.claim(
+        registry.get("old"),  # type: ignore[arg-type]
+        ran[0],
+        trigger="interval",
+        following=ran[0] + timedelta(seconds=10),
+        check_gap=False,
+    )
+    assert claim is None and service.claimer.stats.taken == 1
+    assert await rows(db, "old") == []
