@@ -46,6 +46,7 @@ class QueuedRuns:
         self.outage = outage
         self._start = start
         self._wake = asyncio.Event()
+        self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._timers: set[asyncio.Task[None]] = set()
 
@@ -53,11 +54,15 @@ class QueuedRuns:
         self._task = asyncio.create_task(self._loop(), name="slotcron-queued")
 
     async def stop(self) -> None:
-        for task in [self._task, *self._timers]:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        """Stop taking runs. A poll under way finishes first: cancelling it between taking an
+        execution and starting it would leave that execution RUNNING with nobody running it."""
+        self._closing = True
+        self._wake.set()
+        for timer in list(self._timers):
+            timer.cancel()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
     def wake_at(self, when: datetime) -> None:
         """Poll at ``when`` (a retry this instance queued becomes due then)."""
@@ -71,11 +76,13 @@ class QueuedRuns:
         task.add_done_callback(self._timers.discard)
 
     async def _loop(self) -> None:
-        while True:
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.period):
                     await self._wake.wait()
             self._wake.clear()
+            if self._closing:
+                return
             try:
                 await self.poll()
             except DB_ERRORS as exc:
@@ -85,6 +92,8 @@ class QueuedRuns:
         """Take every due QUEUED execution of a job this instance knows; return how many."""
         taken = 0
         for item in await queue.due(self.db, now=self.clock.now()):
+            if self._closing:
+                break
             job = self.jobs.get(item.job_name)
             if job is None:
                 continue  # another version's job: left to an instance that has it
