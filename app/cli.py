@@ -386,7 +386,10 @@ async def _db_now(db: Any) -> datetime:
 def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
     from app.store.operations import list_jobs
 
-    records = _with_db(settings, list_jobs)
+    async def work(db: Any) -> Any:
+        return await list_jobs(db, now=await _db_now(db), live_within=settings.lease_seconds)
+
+    records = _with_db(settings, work)
     if args.json:
         print(
             json.dumps(
@@ -404,6 +407,7 @@ def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
                         "last_finished": iso(r.last_finished),
                         "registered_by": r.registered_by,
                         "version": r.version,
+                        "drift": r.drift,
                     }
                     for r in records
                 ],
@@ -412,7 +416,16 @@ def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
         )
         return 0
     _print_table(
-        ("JOB", "SCHEDULE", "TIMEZONE", "NEXT SLOT (UTC)", "PAUSED", "LAST", "LAST SLOT (UTC)"),
+        (
+            "JOB",
+            "SCHEDULE",
+            "TIMEZONE",
+            "NEXT SLOT (UTC)",
+            "PAUSED",
+            "LAST",
+            "LAST SLOT (UTC)",
+            "DRIFT",
+        ),
         [
             (
                 r.name,
@@ -422,6 +435,7 @@ def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
                 "paused" if r.paused else "",
                 r.last_status or "",
                 iso(r.last_slot) or "",
+                "; ".join(f"{v}: {sched}" for v, sched in sorted(r.drift.items())),
             )
             for r in records
         ],

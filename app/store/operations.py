@@ -176,10 +176,22 @@ class JobRecord:
     last_finished: datetime | None
     registered_by: str | None
     version: str | None
+    drift: dict[str, str]
 
 
-async def list_jobs(db: Database) -> list[JobRecord]:
-    """Every job the database knows, with its latest execution's status."""
+async def list_jobs(db: Database, *, now: datetime, live_within: float) -> list[JobRecord]:
+    """Every job the database knows, with its latest execution's status, and ``drift``: the
+    schedule each live version registered, when live versions disagree (else empty)."""
+    async with db.read() as conn:
+        live_versions = {
+            r.version
+            for r in await conn.execute(
+                select(instances.c.version).where(
+                    instances.c.state != "stopped",
+                    instances.c.heartbeat_at >= now - timedelta(seconds=live_within),
+                )
+            )
+        }
     latest = (
         select(executions.c.job_name, func.max(executions.c.id).label("id"))
         .where(executions.c.status.not_in(("QUEUED",)))
@@ -216,9 +228,15 @@ async def list_jobs(db: Database) -> list[JobRecord]:
             last_finished=r.last_finished,
             registered_by=r.updated_by,
             version=r.version,
+            drift=_drift(r.schedules or {}, live_versions),
         )
         for r in rows
     ]
+
+
+def _drift(schedules: dict[str, str], live_versions: set[str]) -> dict[str, str]:
+    live = {v: s for v, s in schedules.items() if v in live_versions}
+    return live if len(set(live.values())) > 1 else {}
 
 
 def _new_id(result: Any) -> int:

@@ -24,6 +24,7 @@ class StoredJob:
     next_slot_at: datetime | None
     updated_by: str | None
     version: str | None
+    schedules: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -58,11 +59,18 @@ async def register_jobs(
                     jobs.c.next_slot_at,
                     jobs.c.updated_by,
                     jobs.c.version,
+                    jobs.c.schedules,
                 ).where(jobs.c.name.in_(names[start : start + _CHUNK]))
             )
             for r in found:
                 stored[r.name] = StoredJob(
-                    r.kind, r.schedule, r.timezone, r.next_slot_at, r.updated_by, r.version
+                    r.kind,
+                    r.schedule,
+                    r.timezone,
+                    r.next_slot_at,
+                    r.updated_by,
+                    r.version,
+                    dict(r.schedules or {}),
                 )
     for start in range(0, len(rows), _CHUNK):
         values = [
@@ -79,6 +87,10 @@ async def register_jobs(
                 "updated_at": now,
                 "updated_by": instance_id,
                 "version": version,
+                "schedules": {
+                    **(stored[row.name].schedules if row.name in stored else {}),
+                    version: f"{row.schedule} ({row.timezone})",
+                },
             }
             for row in rows[start : start + _CHUNK]
         ]
@@ -94,6 +106,7 @@ async def register_jobs(
                 "updated_at",
                 "updated_by",
                 "version",
+                "schedules",
             ],
         )
         async with db.transaction() as conn:

@@ -78,6 +78,9 @@ jobs = Table(
     Column("updated_at", UTCDateTime(), nullable=False),
     Column("updated_by", String(200), nullable=True),
     Column("version", String(32), nullable=True),
+    # {version: "schedule (timezone)"} as each version registered it: drift between live
+    # versions (a blue/green overlap that changed a schedule) is visible in `slotcron jobs`.
+    Column("schedules", JSON, nullable=True),
     Index("ix_scheduler_jobs_next_slot", "next_slot_at"),
 )
 

@@ -44,6 +44,7 @@ def upgrade() -> None:
         sa.Column("updated_at", UTC_TS, nullable=False),
         sa.Column("updated_by", sa.String(200), nullable=True),
         sa.Column("version", sa.String(32), nullable=True),
+        sa.Column("schedules", sa.JSON(), nullable=True),
     )
     op.create_index("ix_scheduler_jobs_next_slot", "scheduler_jobs", ["next_slot_at"])
     op.create_table(
