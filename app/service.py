@@ -21,7 +21,7 @@ from app.registry import Job
 from app.runner import Runner, Runs
 from app.scheduler import Scheduler
 from app.shutdown import Signals, shut_down
-from app.store import migrate, registrations
+from app.store import lifeline, migrate, registrations
 from app.store.database import Database
 from app.store.registrations import JobRow
 from app.version import __version__
@@ -126,6 +126,15 @@ class Service:
                 self.clock.round_trip.total_seconds() * 1000,
             )
         now = self.clock.now()
+        for run in await lifeline.abandon_orphans(self.db, instance_id=self.instance_id, now=now):
+            log.warning(
+                "execution %s of %s (slot %s) ABANDONED: left RUNNING by a previous process "
+                "with this instance id%s",
+                run.execution_id,
+                run.job_name,
+                run.scheduled_at.isoformat(),
+                f"; retry queued as {run.retry_id}" if run.retry_id else "",
+            )
         await registrations.register_instance(
             self.db,
             instance_id=self.instance_id,

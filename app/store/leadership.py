@@ -25,10 +25,15 @@ async def acquire_or_renew(db: Database, *, instance_id: str, now: datetime, lea
                 leader.c.name == LEADER_ROW,
                 (leader.c.instance_id == instance_id) | (leader.c.lease_until < now),
             )
-            .values(
-                since=case((leader.c.instance_id == instance_id, leader.c.since), else_=now),
-                instance_id=instance_id,
-                lease_until=now + timedelta(seconds=lease),
+            # MariaDB/MySQL evaluate SET left to right, reading values already assigned:
+            # `since` must be computed before `instance_id` changes.
+            .ordered_values(
+                (
+                    leader.c.since,
+                    case((leader.c.instance_id == instance_id, leader.c.since), else_=now),
+                ),
+                (leader.c.instance_id, instance_id),
+                (leader.c.lease_until, now + timedelta(seconds=lease)),
             )
         )
         took = result.rowcount == 1

@@ -45,6 +45,36 @@ async def queue_retry(
 async def abandon_lapsed(db: Database, *, now: datetime, limit: int = 200) -> list[Abandoned]:
     """Mark RUNNING executions whose lease lapsed before ``now`` ABANDONED; queue a retry for
     each whose job allows another attempt (``max_attempts`` in the job's stored options)."""
+    return await _abandon(
+        db,
+        now=now,
+        limit=limit,
+        which=executions.c.lease_until < now,
+        why=lambda row: (
+            f"instance {row.instance_id} stopped renewing the lease, which lapsed at "
+            f"{row.lease_until.isoformat()}"
+        ),
+    )
+
+
+async def abandon_orphans(db: Database, *, instance_id: str, now: datetime) -> list[Abandoned]:
+    """At start-up: RUNNING executions already tagged with this instance id belong to a
+    previous process under the same id (a fixed pod name), which died with them. A new process
+    runs nothing yet, so they are ABANDONED now, rather than kept alive by our heartbeat."""
+    return await _abandon(
+        db,
+        now=now,
+        limit=10_000,
+        which=executions.c.instance_id == instance_id,
+        why=lambda row: (
+            f"instance {row.instance_id} restarted; the run did not survive its previous process"
+        ),
+    )
+
+
+async def _abandon(
+    db: Database, *, now: datetime, limit: int, which: Any, why: Any
+) -> list[Abandoned]:
     async with db.read() as conn:
         lapsed = (
             await conn.execute(
@@ -58,7 +88,7 @@ async def abandon_lapsed(db: Database, *, now: datetime, limit: int = 200) -> li
                     executions.c.params,
                     executions.c.state,
                 )
-                .where(executions.c.status == "RUNNING", executions.c.lease_until < now)
+                .where(executions.c.status == "RUNNING", which)
                 .order_by(executions.c.lease_until)
                 .limit(limit)
             )
@@ -71,16 +101,9 @@ async def abandon_lapsed(db: Database, *, now: datetime, limit: int = 200) -> li
                 .where(
                     executions.c.id == row.id,
                     executions.c.status == "RUNNING",
-                    executions.c.lease_until < now,  # renewed meanwhile: alive after all
+                    executions.c.lease_until == row.lease_until,  # renewed meanwhile: alive
                 )
-                .values(
-                    status="ABANDONED",
-                    finished_at=now,
-                    error=(
-                        f"instance {row.instance_id} stopped renewing the lease, which lapsed at "
-                        f"{row.lease_until.isoformat()}"
-                    ),
-                )
+                .values(status="ABANDONED", finished_at=now, error=why(row))
             )
             if result.rowcount != 1:
                 continue
