@@ -69,6 +69,9 @@ class Heartbeat:
 
     async def beat(self) -> None:
         now = self.clock.now()
+        # Judge only the runs counted now: one whose claim commits while we await the renewal
+        # is not in the database's answer, and is not "taken from us" for that.
+        counted = list(self.runs)
         counts = self.runs.lease_counts()
         try:
             still_ours = await run_store.renew(
@@ -84,7 +87,9 @@ class Heartbeat:
             self.fence_lapsed(margin=self.period)
             return
         self.outage.recovered()
-        for handle in self.runs:
+        for handle in counted:
+            if handle.done.is_set():
+                continue  # ended while we renewed
             if still_ours is None or handle.id in still_ours:
                 handle.lease_until = max(
                     handle.lease_until, now + timedelta(milliseconds=handle.lease_ms)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from app.clock import Clock
-from app.outage import DB_ERRORS, describe
+from app.outage import DB_ERRORS, Outage
 from app.scheduler import MAX_GRACE
 from app.store import leadership, lifeline, registrations, retention
 from app.store.database import Database
@@ -33,9 +33,11 @@ class Leader:
         instance_id: str,
         lease: float,
         period: float,
+        outage: Outage,
         reconcile: Callable[[str, datetime], bool] = lambda _name, _expected: False,
         retention_days: float = 30,
     ) -> None:
+        self.outage = outage
         self.retention = timedelta(days=retention_days)
         self.reconcile = reconcile
         self._unknown: set[str] = set()
@@ -67,7 +69,9 @@ class Leader:
             try:
                 await self.tick()
             except DB_ERRORS as exc:
-                log.debug("leader tick failed: %s", describe(exc))
+                self.outage.failed(exc, "doing cluster housekeeping")
+            else:
+                self.outage.recovered()
             await self.clock.sleep(self.period)
 
     async def tick(self) -> None:

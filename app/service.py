@@ -88,6 +88,7 @@ class Service:
             instance_id=self.instance_id,
             lease=settings.lease_seconds,
             period=period,
+            outage=self.outage,
             reconcile=self.scheduler.reconcile,
             retention_days=settings.history_retention_days,
         )
@@ -159,7 +160,9 @@ class Service:
         )
         for row in rows:
             prior = stored.get(row.name)
-            self.expected[row.name] = prior.next_slot_at if prior else None
+            # A new job expects the slot computed when it was registered, so a second boundary
+            # passing before the planner starts is fired, not recorded MISSED.
+            self.expected[row.name] = prior.next_slot_at if prior else row.first_slot
             if prior and (prior.schedule, prior.timezone) != (row.schedule, row.timezone):
                 # Two versions may disagree during a blue/green overlap: slots are claimed by
                 # time, so this cannot double a run, but it should be seen.

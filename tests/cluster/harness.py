@@ -7,6 +7,7 @@ a record the scheduler does not control, so assertions do not rest on our own ta
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -14,8 +15,14 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy import select
+
+from app.store.database import Database
+from app.store.tables import LEADER_ROW, executions, leader
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -115,3 +122,28 @@ class Instance:
             self.process.wait(10)
         if hasattr(self, "_log"):
             self._log.close()
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-quantile (0..1) of ``values``, nearest rank."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def slot_time(iso: str) -> float:
+    """A slot as the jobs record it (ISO-8601 UTC) in epoch seconds."""
+    return datetime.fromisoformat(iso).timestamp()
+
+
+async def execution_rows(db: Database) -> list[Any]:
+    """Every row of scheduler_executions."""
+    async with db.read() as conn:
+        return list((await conn.execute(select(executions).order_by(executions.c.id))).all())
+
+
+async def leader_row(db: Database) -> Any:
+    """The leadership lease: ``instance_id``, ``lease_until``, ``since``."""
+    async with db.read() as conn:
+        return (await conn.execute(select(leader).where(leader.c.name == LEADER_ROW))).one()
