@@ -223,7 +223,3 @@ class Runner:
                     status,
                 )
             return recorded
-
-
-def lease_timedelta(handle: RunHandle) -> timedelta:
-    return timedelta(milliseconds=handle.lease_ms)

@@ -14,7 +14,6 @@ from typing import Any
 from sqlalchemy import Table, text
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import Insert
 
@@ -42,9 +41,6 @@ class Dialect:
     def is_lock_unavailable(self, exc: BaseException) -> bool:
         """True when ``exc`` says the NOWAIT row lock (or a deadlock victim's) was refused."""
         return False
-
-    def is_connection_lost(self, exc: BaseException) -> bool:
-        return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
     def upsert(
         self,
