@@ -15,10 +15,12 @@ from datetime import datetime, timedelta
 
 from app.clock import Clock
 from app.errors import RowBusy, SlotTaken
+from app.logs import run_fields
+from app.metrics import Metrics
 from app.outage import DB_ERRORS, Outage
 from app.registry import Job
 from app.store import claims as claim_store
-from app.store.claims import Claim
+from app.store.claims import Claim, Decided, Due
 from app.store.database import Database
 
 log = logging.getLogger("slotcron.claims")
@@ -27,9 +29,15 @@ BUSY_DEADLINE = 30.0
 """Seconds a claimer keeps retrying a busy row before leaving the slot to the misfire policy."""
 
 
+HELD_RETRIES = 4
+"""Times a batch tries rows another claimer held again, together, before each remaining one is
+retried on its own (with NOWAIT) by :meth:`Claimer.claim`."""
+
+
 @dataclass
 class ClaimStats:
     claims: int = 0
+    batches: int = 0
     taken: int = 0
     busy_retries: int = 0
     gave_up: int = 0
@@ -44,7 +52,9 @@ class Claimer:
         instance_id: str,
         default_lease: float,
         outage: Outage,
+        metrics: Metrics | None = None,
     ) -> None:
+        self.metrics = metrics or Metrics()
         self.db = db
         self.clock = clock
         self.instance_id = instance_id
@@ -83,7 +93,7 @@ class Claimer:
                     trigger=trigger,
                     instance_id=self.instance_id,
                     now=self.clock.now(),
-                    lease_ms=round(job.lease_seconds(self.default_lease) * 1000),
+                    lease_ms=job.lease_ms(self.default_lease),
                     forbid_overlap=job.overlap == "forbid",
                     following=following,
                     missed_reason=missed_reason,
@@ -110,6 +120,7 @@ class Claimer:
                 continue
             self.outage.recovered()
             self.stats.claims += 1
+            self._recorded(claim)
             return claim
         if not self.closing:
             self.stats.gave_up += 1
@@ -121,3 +132,88 @@ class Claimer:
                 busy,
             )
         return None
+
+    async def claim_many(self, items: list[Due], *, give_up_at: datetime) -> Decided:
+        """Decide many slots together, in one transaction (and retries of held rows).
+
+        Whatever is returned in ``held`` was never decided and must be claimed one by one;
+        ``undecided`` jobs have earlier slots to account for first. Slots still undecided at
+        ``give_up_at`` (an outage) are returned in ``held`` as well, for the same path, which
+        leaves them to the misfire policy."""
+        result = Decided()
+        pending = items
+        tries = 0
+        delay = 0.05
+        while pending and not self.closing:
+            try:
+                decided = await claim_store.claim_many(
+                    self.db, pending, instance_id=self.instance_id, now=self.clock.now()
+                )
+            except RowBusy:  # SQLite: another process is writing
+                self.outage.recovered()
+                self.stats.busy_retries += 1
+                decided = Decided(held=pending)
+            except DB_ERRORS as exc:
+                self.outage.failed(exc, f"claiming {len(pending)} slots")
+                if self.clock.now() > give_up_at:
+                    break
+                await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, 2.0)
+                continue
+            self.outage.recovered()
+            self.stats.batches += 1
+            self.stats.claims += len(decided.claims)
+            self.stats.taken += len(decided.taken)
+            for claim in decided.claims.values():
+                self._recorded(claim)
+            result.claims.update(decided.claims)
+            result.taken |= decided.taken
+            result.undecided += decided.undecided
+            pending = decided.held
+            if not pending:
+                break
+            tries += 1
+            if tries > HELD_RETRIES or self.clock.now() > give_up_at:
+                break
+            # Held by another claimer: its transaction is a few milliseconds long. Retry
+            # together; the ones it decided meanwhile are simply closed.
+            self.stats.busy_retries += len(pending)
+            await asyncio.sleep(random.uniform(0.002, 0.006) * tries)
+            try:
+                open_ = await claim_store.still_open(self.db, pending)
+            except DB_ERRORS:
+                continue
+            closed = {i.job_name for i in pending} - {i.job_name for i in open_}
+            result.taken |= closed
+            self.stats.taken += len(closed)
+            pending = open_
+        result.held = pending
+        return result
+
+    def _recorded(self, claim: Claim) -> None:
+        if claim.status == "RUNNING":
+            if log.isEnabledFor(logging.DEBUG):  # the common case costs one level check
+                fields = run_fields(
+                    claim.job_name,
+                    claim.scheduled_at,
+                    claim.execution_id,
+                    self.instance_id,
+                    "RUNNING",
+                )
+                log.debug("%s slot %s claimed", claim.job_name, claim.scheduled_at, extra=fields)
+            return
+        self.metrics.slot_recorded(claim.job_name, claim.status)
+        fields = run_fields(
+            claim.job_name, claim.scheduled_at, claim.execution_id, self.instance_id, claim.status
+        )
+        # A paused or overlapping job's slot is news; MISSED slots come in bulk after an
+        # outage and are summed up in one warning by the scheduler.
+        log.log(
+            logging.INFO if claim.status == "SKIPPED" else logging.DEBUG,
+            "%s slot %s %s: %s",
+            claim.job_name,
+            claim.scheduled_at.isoformat(),
+            claim.status,
+            claim.reason,
+            extra=fields,
+        )

@@ -12,21 +12,20 @@ import importlib
 import json
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
 from app import logs
 from app.config import Settings, load_settings
 from app.errors import ConfigError, InvalidJobError, Refused, UsageError
+from app.filters import parse_since, parse_status
 from app.outage import DB_ERRORS, describe, refused_login
+from app.records import execution_json, instance_json, iso, job_json
 from app.registry import REGISTRY, Job
 from app.version import __version__
-
-STATUSES = ("QUEUED", "RUNNING", "COMPLETED", "FAILED", "SKIPPED", "MISSED", "STOPPED", "ABANDONED")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,26 +34,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"slotcron: error: {message}\n")
 
 
-def iso(value: datetime | None) -> str | None:
-    """ISO-8601 UTC with a ``Z``; microseconds only when there are any."""
-    if value is None:
-        return None
-    text = value.astimezone(UTC).isoformat()
-    return text.replace("+00:00", "Z")
-
-
 def _parse_since(text: str) -> datetime:
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd])", text.strip())
-    if match:
-        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match.group(2)]
-        return datetime.now(UTC) - timedelta(**{unit: float(match.group(1))})
     try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--since {text!r}: expected an ISO-8601 time or a duration like 30m, 2h, 7d"
-        ) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        return parse_since(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--since {exc}") from None
 
 
 def _positive_int(text: str) -> int:
@@ -68,10 +52,10 @@ def _positive_int(text: str) -> int:
 
 
 def _status(text: str) -> str:
-    value = text.upper()
-    if value not in STATUSES:
-        raise argparse.ArgumentTypeError(f"unknown status {text!r}; one of {', '.join(STATUSES)}")
-    return value
+    try:
+        return parse_status(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -239,26 +223,6 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _history_record(record: Any) -> dict[str, Any]:
-    return {
-        "id": record.id,
-        "job": record.job,
-        "scheduled_at": iso(record.scheduled_at),
-        "trigger": record.trigger,
-        "status": record.status,
-        "attempt": record.attempt,
-        "instance_id": record.instance_id,
-        "started_at": iso(record.started_at),
-        "finished_at": iso(record.finished_at),
-        "duration_ms": record.duration_ms,
-        "heartbeat_at": iso(record.heartbeat_at),
-        "lease_until": iso(record.lease_until),
-        "error": record.error,
-        "params": record.params,
-        "state": record.state,
-    }
-
-
 def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
     from app.store.database import Database
     from app.store.history import list_executions
@@ -274,7 +238,7 @@ def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
 
     records = _run_async(go())
     if args.json:
-        print(json.dumps([_history_record(r) for r in records], indent=2))
+        print(json.dumps([execution_json(r) for r in records], indent=2))
         return 0
     rows = []
     for r in records:
@@ -313,24 +277,7 @@ def cmd_instances(settings: Settings, args: argparse.Namespace) -> int:
 
     records = _run_async(go())
     if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "instance_id": r.instance_id,
-                        "host": r.host,
-                        "pid": r.pid,
-                        "version": r.version,
-                        "started_at": iso(r.started_at),
-                        "heartbeat_at": iso(r.heartbeat_at),
-                        "state": r.state,
-                        "leader": r.leader,
-                    }
-                    for r in records
-                ],
-                indent=2,
-            )
-        )
+        print(json.dumps([instance_json(r) for r in records], indent=2))
         return 0
     _print_table(
         (
@@ -375,45 +322,15 @@ def _with_db(settings: Settings, work: Callable[[Any], Coroutine[Any, Any, Any]]
     return _run_async(go())
 
 
-async def _db_now(db: Any) -> datetime:
-    from app.clock import DatabaseClock
-
-    clock = DatabaseClock(db.clock_sample)
-    await clock.sync()
-    return clock.now()
-
-
 def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
     from app.store.operations import list_jobs
 
     async def work(db: Any) -> Any:
-        return await list_jobs(db, now=await _db_now(db), live_within=settings.lease_seconds)
+        return await list_jobs(db, now=await db.now(), live_within=settings.lease_seconds)
 
     records = _with_db(settings, work)
     if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "name": r.name,
-                        "kind": r.kind,
-                        "schedule": r.schedule,
-                        "timezone": r.timezone,
-                        "next_slot": iso(r.next_slot),
-                        "paused": r.paused,
-                        "paused_reason": r.paused_reason,
-                        "last_status": r.last_status,
-                        "last_slot": iso(r.last_slot),
-                        "last_finished": iso(r.last_finished),
-                        "registered_by": r.registered_by,
-                        "version": r.version,
-                        "drift": r.drift,
-                    }
-                    for r in records
-                ],
-                indent=2,
-            )
-        )
+        print(json.dumps([job_json(r) for r in records], indent=2))
         return 0
     _print_table(
         (
@@ -449,14 +366,13 @@ def cmd_trigger(settings: Settings, args: argparse.Namespace) -> int:
     from app.store import operations
 
     async def work(db: Any) -> Any:
-        now = await _db_now(db)
-        live = await operations.live_instances(db, now=now, within=settings.lease_seconds)
-        if not live:
-            raise Refused(
-                f"no live instance to run {args.job!r}: start `slotcron run` (an instance is live "
-                f"while it heartbeats within SCHEDULER_LEASE_SECONDS={settings.lease_seconds:g})"
-            )
-        return await operations.trigger(db, job=args.job, params=dict(args.param), now=now)
+        return await operations.trigger_live(
+            db,
+            job=args.job,
+            params=dict(args.param),
+            now=await db.now(),
+            live_within=settings.lease_seconds,
+        )
 
     queued = _with_db(settings, work)
     print(
@@ -485,7 +401,7 @@ def cmd_restart(settings: Settings, args: argparse.Namespace) -> int:
     from app.store import operations
 
     async def work(db: Any) -> Any:
-        return await operations.restart(db, execution_id=args.execution_id, now=await _db_now(db))
+        return await operations.restart(db, execution_id=args.execution_id, now=await db.now())
 
     queued = _with_db(settings, work)
     print(

@@ -61,7 +61,7 @@ class DatabaseClock(SystemClock):
         self._sample = sample
         self.round_trip = timedelta(0)
 
-    async def sync(self) -> timedelta:
+    async def sync(self, samples: int = SAMPLES) -> timedelta:
         """Measure the offset to the reference clock, never overestimating our lateness.
 
         The reference was read at some local instant before its answer arrived (``after``),
@@ -71,7 +71,7 @@ class DatabaseClock(SystemClock):
         round trip (well under a millisecond on a local network)."""
         bound: timedelta | None = None
         shortest = float("inf")
-        for _ in range(self.SAMPLES):
+        for _ in range(samples):
             t0 = time.perf_counter()
             reference = await self._sample()
             after = time.time()

@@ -30,6 +30,11 @@ class UsageError(SlotcronError):
     """A command was asked something it cannot do as asked (exit status 2)."""
 
 
+class NotFound(UsageError):
+    """An operator named a job or an execution the database does not know (exit status 2;
+    HTTP 404)."""
+
+
 class Refused(SlotcronError):
     """A command understood the request and refuses it for a stated reason (exit status 1)."""
 

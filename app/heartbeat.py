@@ -21,7 +21,7 @@ from app.store.database import Database
 
 log = logging.getLogger("slotcron.heartbeat")
 
-CLOCK_SYNC_SECONDS = 60.0
+CLOCK_SYNC_SECONDS = 300.0
 
 
 class Heartbeat:
@@ -57,7 +57,10 @@ class Heartbeat:
 
     async def _loop(self) -> None:
         while True:
-            await self.clock.sleep(self.period)
+            # With no run in flight only the instance row is renewed, and every other period
+            # is enough (it is judged silent after a whole lease): a run claimed meanwhile has
+            # a lease of at least four periods, and is renewed within two.
+            await self.clock.sleep(self.period if len(self.runs) else 2 * self.period)
             await self.beat()
             if (
                 isinstance(self.clock, DatabaseClock)
@@ -65,7 +68,7 @@ class Heartbeat:
             ):
                 self._last_sync = time.monotonic()
                 with contextlib.suppress(*DB_ERRORS):
-                    await self.clock.sync()
+                    await self.clock.sync(samples=4)
 
     async def beat(self) -> None:
         now = self.clock.now()

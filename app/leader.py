@@ -12,16 +12,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from app.clock import Clock
+from app.logs import run_fields
+from app.metrics import Metrics
 from app.outage import DB_ERRORS, Outage
 from app.scheduler import MAX_GRACE
-from app.store import leadership, lifeline, registrations, retention
+from app.store import housekeeping, leadership, lifeline, registrations, retention
 from app.store.database import Database
 
 log = logging.getLogger("slotcron.leader")
+
+PRUNE_EVERY_SECONDS = 3600.0
+"""History is pruned by the hour (and at once by a new leader), not at every tick."""
 
 
 class Leader:
@@ -36,7 +42,9 @@ class Leader:
         outage: Outage,
         reconcile: Callable[[str, datetime], bool] = lambda _name, _expected: False,
         retention_days: float = 30,
+        metrics: Metrics | None = None,
     ) -> None:
+        self.metrics = metrics or Metrics()
         self.outage = outage
         self.retention = timedelta(days=retention_days)
         self.reconcile = reconcile
@@ -48,6 +56,7 @@ class Leader:
         self.period = period
         self.leading = False
         self._task: asyncio.Task[None] | None = None
+        self._pruned_at: float | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="slotcron-leader")
@@ -76,15 +85,55 @@ class Leader:
 
     async def tick(self) -> None:
         now = self.clock.now()
-        leading = await leadership.acquire_or_renew(
-            self.db, instance_id=self.instance_id, now=now, lease=self.lease
-        )
+        if self.leading:
+            leading = await leadership.renew(
+                self.db, instance_id=self.instance_id, now=now, lease=self.lease
+            )
+        else:
+            # One read a tick while someone else leads; a write only when the lease lapsed
+            # (or was resigned) and is there to take.
+            holder, until = await leadership.current(self.db)
+            leading = (holder == self.instance_id or until is None or until < now) and (
+                await leadership.take(
+                    self.db, instance_id=self.instance_id, now=now, lease=self.lease
+                )
+            )
         if leading != self.leading:
             log.info("%s leadership", "took" if leading else "lost")
             self.leading = leading
+            self._pruned_at = None  # a new leader prunes at once
         if not leading:
             return
+        # Claims give up at most MAX_GRACE after a slot: an expected slot older than that was
+        # left undecided by everyone.
+        todo = await housekeeping.pending(
+            self.db,
+            now=now,
+            silent_before=now - timedelta(seconds=self.lease),
+            overdue_before=now - MAX_GRACE,
+        )
+        if todo.lapsed_runs:
+            await self._abandon_lapsed(now)
+        if todo.silent_instances:
+            silent = await registrations.mark_silent_instances(
+                self.db, before=now - timedelta(seconds=self.lease)
+            )
+            if silent:
+                log.warning(
+                    "instances silent for over a lease, recorded stopped: %s", ", ".join(silent)
+                )
+        if todo.overdue_jobs:
+            await self._reconcile_overdue(now)
+        if self._pruned_at is None or time.monotonic() - self._pruned_at > PRUNE_EVERY_SECONDS:
+            self._pruned_at = time.monotonic()
+            pruned = await retention.prune(self.db, before=now - self.retention)
+            if pruned:
+                log.info("pruned %d executions older than %s", pruned, self.retention)
+                self._pruned_at = None  # more may be left: go on at the next tick
+
+    async def _abandon_lapsed(self, now: datetime) -> None:
         for run in await lifeline.abandon_lapsed(self.db, now=now):
+            self.metrics.slot_recorded(run.job_name, "ABANDONED")
             log.warning(
                 "execution %s of %s (slot %s) ABANDONED: instance %s let its lease lapse at %s%s",
                 run.execution_id,
@@ -93,19 +142,12 @@ class Leader:
                 run.instance_id,
                 run.lease_until.isoformat(),
                 f"; retry queued as {run.retry_id}" if run.retry_id else "",
+                extra=run_fields(
+                    run.job_name, run.scheduled_at, run.execution_id, run.instance_id, "ABANDONED"
+                ),
             )
-        pruned = await retention.prune(self.db, before=now - self.retention)
-        if pruned:
-            log.info("pruned %d executions older than %s", pruned, self.retention)
-        silent = await registrations.mark_silent_instances(
-            self.db, before=now - timedelta(seconds=self.lease)
-        )
-        if silent:
-            log.warning(
-                "instances silent for over a lease, recorded stopped: %s", ", ".join(silent)
-            )
-        # Claims give up at most MAX_GRACE after a slot: an expected slot older than that was
-        # left undecided by everyone.
+
+    async def _reconcile_overdue(self, now: datetime) -> None:
         for name, expected in await registrations.overdue_jobs(self.db, before=now - MAX_GRACE):
             if not self.reconcile(name, expected) and name not in self._unknown:
                 self._unknown.add(name)

@@ -1,4 +1,10 @@
-"""Log set-up: human text or one JSON object per line. Passwords are masked in every record."""
+"""Log set-up: human text or one JSON object per line. Passwords are masked in every record.
+
+The lines of a run's life (claimed, started, finished, failed, skipped, missed, abandoned)
+carry :func:`run_fields` as ``extra``: in JSON each is a key of its own (``job``, ``slot``,
+``execution_id``, ``instance``, ``outcome``), so a log pipeline can follow one slot without
+parsing messages; the text format keeps the sentence only.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
+from typing import Any
 
 from app.config import mask_url_text
 
@@ -31,6 +38,26 @@ def _timestamp(record: logging.LogRecord) -> str:
     )
 
 
+def run_fields(
+    job: str, slot: datetime, execution_id: int | None, instance: str | None, outcome: str
+) -> dict[str, Any]:
+    """The ``extra`` of a run lifecycle line. Cheap: the slot is rendered only if the line is
+    formatted as JSON."""
+    return {
+        "job": job,
+        "slot": slot,
+        "execution_id": execution_id,
+        "instance": instance,
+        "outcome": outcome,
+    }
+
+
+def _json_value(value: object) -> str:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return str(value)
+
+
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = f"{_timestamp(record)} {record.levelname:<7} {record.name}: {record.getMessage()}"
@@ -50,7 +77,7 @@ class JsonFormatter(logging.Formatter):
         payload.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
         if record.exc_info:
             payload["exception"] = self.formatException(record.exc_info)
-        return json.dumps(payload, default=str)
+        return json.dumps(payload, default=_json_value)
 
 
 def configure(level: str = "INFO", fmt: str = "text") -> None:

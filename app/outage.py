@@ -46,6 +46,7 @@ class Outage:
     def __init__(self) -> None:
         self.since: float | None = None
         self.failures = 0
+        self.errors = 0  # every failed call since start-up (``failures`` counts this outage's)
 
     @property
     def ongoing(self) -> bool:
@@ -53,6 +54,7 @@ class Outage:
 
     def failed(self, exc: BaseException, doing: str) -> None:
         self.failures += 1
+        self.errors += 1
         if self.since is None:
             self.since = time.monotonic()
             log.warning(

@@ -1,8 +1,11 @@
 """Taking QUEUED executions (manual runs, restarts, retries) on any live instance.
 
-Polled about once a second, and woken at the moment a retry this instance queued becomes due.
-Each is taken under the job's row lock, so ``overlap="forbid"`` holds against scheduled claims
-too.
+Woken at the moment a retry this instance queued becomes due, and, on PostgreSQL, by the
+notification every writer of a QUEUED execution sends (LISTEN/NOTIFY): an idle instance then
+asks the database nothing, polling only every :data:`LISTENING_POLL_SECONDS` in case a
+notification was lost. Without notifications (MariaDB, SQLite, or the listening connection
+lost) it polls about once a second. Each is taken under the job's row lock, so
+``overlap="forbid"`` holds against scheduled claims too.
 """
 
 from __future__ import annotations
@@ -15,13 +18,20 @@ from datetime import datetime, timedelta
 
 from app.clock import Clock
 from app.errors import RowBusy
+from app.logs import run_fields
 from app.outage import DB_ERRORS, Outage
 from app.registry import Job
 from app.store import queue
 from app.store.claims import Claim
 from app.store.database import Database
+from app.store.dialects import Listening
+from app.store.lifeline import QUEUED_CHANNEL
 
 log = logging.getLogger("slotcron.queued")
+
+LISTENING_POLL_SECONDS = 300.0
+"""How often a listening instance looks anyway: notifications are not queued for a listener
+whose connection was lost, and a new connection starts with a poll of its own."""
 
 
 class QueuedRuns:
@@ -36,6 +46,7 @@ class QueuedRuns:
         period: float,
         outage: Outage,
         start: Callable[[Job, Claim], None],
+        pool_size: int = 10,
     ) -> None:
         self.db = db
         self.clock = clock
@@ -49,6 +60,9 @@ class QueuedRuns:
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._timers: set[asyncio.Task[None]] = set()
+        self._listening: Listening | None = None
+        # A listener takes one pooled connection: only where the pool can spare it.
+        self._may_listen = pool_size >= 2
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="slotcron-queued")
@@ -63,6 +77,9 @@ class QueuedRuns:
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._listening is not None:
+            await self._listening.close()
+            self._listening = None
 
     def wake_at(self, when: datetime) -> None:
         """Poll at ``when`` (a retry this instance queued becomes due then)."""
@@ -75,11 +92,43 @@ class QueuedRuns:
         self._timers.add(task)
         task.add_done_callback(self._timers.discard)
 
+    def _notified(self, payload: str) -> None:
+        try:
+            when = datetime.fromisoformat(payload)
+        except ValueError:
+            self._wake.set()
+            return
+        if when <= self.clock.now():
+            self._wake.set()
+        else:
+            self.wake_at(when)
+
+    async def _listen(self) -> bool:
+        """Listen for QUEUED notifications if possible; True when a new listener started."""
+        if self._listening is not None and self._listening.alive:
+            return False
+        if self._listening is not None:
+            await self._listening.close()
+            self._listening = None
+            log.info("lost the connection listening for queued runs: polling until it is back")
+        try:
+            self._listening = await self.db.dialect.listen(
+                self.db.engine, QUEUED_CHANNEL, self._notified
+            )
+        except DB_ERRORS:
+            return False
+        return self._listening is not None
+
     async def _loop(self) -> None:
         while not self._closing:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.period):
-                    await self._wake.wait()
+            # A new listener polls once at once: something may have been queued unheard.
+            if not (self._may_listen and await self._listen()):
+                listening = self._listening is not None and self._listening.alive
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(
+                        LISTENING_POLL_SECONDS if listening else self.period
+                    ):
+                        await self._wake.wait()
             self._wake.clear()
             if self._closing:
                 return
@@ -104,7 +153,7 @@ class QueuedRuns:
                     job_name=job.name,
                     instance_id=self.instance_id,
                     now=self.clock.now(),
-                    lease_ms=round(job.lease_seconds(self.default_lease) * 1000),
+                    lease_ms=job.lease_ms(self.default_lease),
                     forbid_overlap=job.overlap == "forbid",
                 )
             except RowBusy:
@@ -118,6 +167,13 @@ class QueuedRuns:
                     claim.scheduled_at.isoformat(),
                     claim.attempt,
                     claim.trigger,
+                    extra=run_fields(
+                        job.name,
+                        claim.scheduled_at,
+                        claim.execution_id,
+                        self.instance_id,
+                        "RUNNING",
+                    ),
                 )
                 self._start(job, claim)
                 taken += 1

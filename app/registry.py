@@ -10,7 +10,7 @@ from typing import Any, Literal, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from app.errors import InvalidJobError
-from app.schedule import CronSchedule, IntervalSchedule, Schedule, normalise_cron
+from app.schedule import IntervalSchedule, Schedule, normalise_cron, shared
 
 MAX_NAME_LENGTH = 200
 OVERLAP = ("forbid", "allow")
@@ -48,11 +48,15 @@ class Job:
 
     def schedule(self, default_timezone: str = "UTC") -> Schedule:
         if self.kind == "cron":
-            return CronSchedule(self.expression, self.timezone or default_timezone)
+            return shared(self.expression, self.timezone or default_timezone)
         return IntervalSchedule(timedelta(seconds=float(self.expression)))
 
     def lease_seconds(self, default: float) -> float:
         return self.lease if self.lease is not None else default
+
+    def lease_ms(self, default: float) -> int:
+        """The lease as stored with a run (whole milliseconds)."""
+        return round(self.lease_seconds(default) * 1000)
 
     def options(self) -> dict[str, Any]:
         """The options stored with the job's row, as JSON-friendly values."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -12,6 +13,8 @@ from datetime import datetime, timedelta
 
 from app.clock import Clock
 from app.context import JobContext
+from app.logs import run_fields
+from app.metrics import Metrics
 from app.outage import DB_ERRORS, Outage
 from app.registry import Job
 from app.store import runs as run_store
@@ -19,6 +22,8 @@ from app.store.claims import Claim
 from app.store.database import Database
 
 log = logging.getLogger("slotcron.runner")
+
+COMPLETED_LINES_PER_SECOND = 20
 
 SHUTDOWN = "shutdown"
 FENCED = "fenced"
@@ -35,6 +40,9 @@ class RunHandle:
     lease_ms: int
     cancel_reason: str | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    finishing: bool = False
+    """The job has returned; only its outcome's write is left (never cancelled)."""
+    began: float = 0.0  # when the job's coroutine started (Metrics.run_started)
 
     @property
     def id(self) -> int:
@@ -72,6 +80,8 @@ class Runs:
         return counts
 
     def cancel(self, handle: RunHandle, reason: str) -> None:
+        if handle.finishing:
+            return  # its job is over: cancelling would only lose the outcome
         if handle.cancel_reason is None:
             handle.cancel_reason = reason
         if handle.task is not None:
@@ -91,13 +101,18 @@ class Runner:
         runs: Runs,
         outage: Outage,
         on_retry_queued: Callable[[datetime], None] = lambda _when: None,
+        metrics: Metrics | None = None,
     ) -> None:
+        self.metrics = metrics or Metrics()
         self.on_retry_queued = on_retry_queued
         self.db = db
         self.clock = clock
         self.instance_id = instance_id
         self.runs = runs
         self.outage = outage
+        self._finishing = Finishing(self)
+        self._loggers: dict[str, logging.Logger] = {}
+        self._completed_lines = LineQuota(COMPLETED_LINES_PER_SECOND)
 
     async def run(self, job: Job, claim: Claim) -> str | None:
         """Run a ``RUNNING`` claim to its end and record the outcome; return the status recorded
@@ -111,20 +126,27 @@ class Runner:
             lease_ms=claim.lease_ms,
         )
         self.runs.add(handle)
-        status: str | None
+        # The run stays in `runs` until its outcome is written: its lease is renewed meanwhile
+        # (a write retried through an outage must not see it ABANDONED), and shutdown waits
+        # for the write before it closes the database.
         try:
             status, error = await self._execute(job, claim, handle)
+            handle.finishing = True
+            self.metrics.run_finished(job.name, status or "FENCED", handle.began)
+            if status is None:
+                log.warning(
+                    "run %s of %s was fenced: its lease lapsed unrenewed; not recording an outcome",
+                    claim.execution_id,
+                    job.name,
+                    extra=self._fields(claim, "FENCED"),
+                )
+                return None
+            retry = status == "FAILED" and claim.attempt < job.max_attempts
+            recorded = await self._finish(
+                claim, status, error, job.retry_backoff if retry else None
+            )
         finally:
             self.runs.remove(handle)
-        if status is None:
-            log.warning(
-                "run %s of %s was fenced: its lease lapsed unrenewed; not recording an outcome",
-                claim.execution_id,
-                job.name,
-            )
-            return None
-        retry = status == "FAILED" and claim.attempt < job.max_attempts
-        recorded = await self._finish(claim, status, error, job.retry_backoff if retry else None)
         if recorded and retry:
             self.on_retry_queued(self.clock.now() + timedelta(seconds=job.retry_backoff))
         return status if recorded else None
@@ -140,27 +162,31 @@ class Runner:
             trigger=claim.trigger,
             instance_id=self.instance_id,
             logger=logging.LoggerAdapter(
-                logging.getLogger(f"slotcron.job.{job.name}"),
-                {"job": job.name, "execution_id": claim.execution_id},
+                self._job_logger(job.name), {"job": job.name, "execution_id": claim.execution_id}
             ),
             params=dict(claim.params),
             state=dict(claim.state),
             _save=lambda state: self._save_state(claim, state),
         )
-        timeout = asyncio.timeout(None)
+        timeout: asyncio.Timeout | None = None
         try:
             if job.jitter:
                 await self.clock.sleep(random.uniform(0, job.jitter))
-            log.debug(
-                "starting %s slot %s (execution %s)",
-                job.name,
-                claim.scheduled_at,
-                claim.execution_id,
-            )
-            async with timeout:
-                if job.timeout is not None:
-                    timeout.reschedule(asyncio.get_running_loop().time() + job.timeout)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "starting %s slot %s (execution %s)",
+                    job.name,
+                    claim.scheduled_at,
+                    claim.execution_id,
+                    extra=self._fields(claim, "RUNNING"),
+                )
+            handle.began = self.metrics.run_started(job.name, claim.trigger, claim.scheduled_at)
+            if job.timeout is None:
                 await (job.func(ctx) if job.takes_context else job.func())
+            else:
+                timeout = asyncio.timeout(job.timeout)  # from now: jitter is not the job's time
+                async with timeout:
+                    await (job.func(ctx) if job.takes_context else job.func())
         except asyncio.CancelledError:
             reason = handle.cancel_reason
             task = asyncio.current_task()
@@ -170,12 +196,18 @@ class Runner:
                 return None, None
             return "STOPPED", f"stopped by shutdown of instance {self.instance_id}"
         except TimeoutError:
-            if timeout.expired():
+            if timeout is not None and timeout.expired():
                 return "FAILED", f"TimeoutError: run exceeded its timeout of {job.timeout:g} s"
             return "FAILED", traceback.format_exc()
         except BaseException:  # a job's own SystemExit/KeyboardInterrupt must not kill the service
             return "FAILED", traceback.format_exc()
         return "COMPLETED", None
+
+    def _job_logger(self, name: str) -> logging.Logger:
+        logger = self._loggers.get(name)
+        if logger is None:
+            logger = self._loggers[name] = logging.getLogger(f"slotcron.job.{name}")
+        return logger
 
     async def _save_state(self, claim: Claim, state: dict[str, object]) -> None:
         await run_store.save_state(
@@ -187,6 +219,40 @@ class Runner:
     ) -> bool:
         """Write the outcome, retrying through an outage: a finished run is never left RUNNING
         by us. Conditional, so a run fenced or marked ABANDONED meanwhile is not overwritten."""
+        if retry_backoff is None:
+            recorded = await self._finishing.record(claim.execution_id, status, error)
+        else:
+            recorded = await self._finish_and_retry(claim, status, error, retry_backoff)
+        if status == "FAILED":
+            first = (error or "").strip().splitlines()[-1:] or [""]
+            log.warning(
+                "%s slot %s FAILED: %s",
+                claim.job_name,
+                claim.scheduled_at.isoformat(),
+                first[0],
+                extra=self._fields(claim, status),
+            )
+        elif status != "COMPLETED" or self._completed_lines.take():
+            log.info(
+                "%s slot %s %s",
+                claim.job_name,
+                claim.scheduled_at.isoformat(),
+                status,
+                extra=self._fields(claim, status),
+            )
+        if not recorded:
+            log.warning(
+                "execution %s (%s) was no longer ours to record as %s",
+                claim.execution_id,
+                claim.job_name,
+                status,
+                extra=self._fields(claim, "FENCED"),
+            )
+        return recorded
+
+    async def _finish_and_retry(
+        self, claim: Claim, status: str, error: str | None, retry_backoff: float
+    ) -> bool:
         delay = 0.05
         while True:
             try:
@@ -205,21 +271,86 @@ class Runner:
                 delay = min(delay * 2, 2.0)
                 continue
             self.outage.recovered()
-            if status == "FAILED":
-                first = (error or "").strip().splitlines()[-1:] or [""]
-                log.warning(
-                    "%s slot %s FAILED: %s",
-                    claim.job_name,
-                    claim.scheduled_at.isoformat(),
-                    first[0],
-                )
-            else:
-                log.info("%s slot %s %s", claim.job_name, claim.scheduled_at.isoformat(), status)
-            if not recorded:
-                log.warning(
-                    "execution %s (%s) was no longer ours to record as %s",
-                    claim.execution_id,
-                    claim.job_name,
-                    status,
-                )
             return recorded
+
+    def _fields(self, claim: Claim, outcome: str) -> dict[str, object]:
+        return run_fields(
+            claim.job_name, claim.scheduled_at, claim.execution_id, self.instance_id, outcome
+        )
+
+
+class LineQuota:
+    """At most ``per_second`` lines a second; past it, one line says how many were left out.
+
+    A COMPLETED line per run is what a human reading the log wants at a few runs a second; at
+    thousands a second, writing them would be most of the instance's work (and nobody reads
+    them: the executions table holds every run)."""
+
+    def __init__(self, per_second: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_second = per_second
+        self.clock = clock
+        self._second = 0
+        self._used = 0
+        self._dropped = 0
+
+    def take(self) -> bool:
+        second = int(self.clock())
+        if second != self._second:
+            if self._dropped:
+                log.info(
+                    "%d more runs COMPLETED in that second without a line each "
+                    "(`slotcron history` lists them)",
+                    self._dropped,
+                )
+            self._second, self._used, self._dropped = second, 0, 0
+        if self._used < self.per_second:
+            self._used += 1
+            return True
+        self._dropped += 1
+        return False
+
+
+class Finishing:
+    """Group commit for outcomes: runs ending while a write is under way are recorded together
+    by the next one. A lone run is written at once; a thousand cost a few statements."""
+
+    LIMIT = 1000
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self._pending: list[tuple[int, str, str | None, asyncio.Future[bool]]] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def record(self, execution_id: int, status: str, error: str | None) -> bool:
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pending.append((execution_id, status, error, done))
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write(), name="slotcron-finishing")
+        return await done  # a cancelled waiter cancels only its own wait: see _write
+
+    async def _write(self) -> None:
+        runner = self.runner
+        try:
+            while self._pending:
+                batch, self._pending = self._pending[: self.LIMIT], self._pending[self.LIMIT :]
+                delay = 0.05
+                while True:
+                    try:
+                        recorded = await run_store.finish_many(
+                            runner.db,
+                            [(i, status, error) for i, status, error, _ in batch],
+                            instance_id=runner.instance_id,
+                            now=runner.clock.now(),
+                        )
+                    except DB_ERRORS as exc:
+                        runner.outage.failed(exc, f"recording the end of {len(batch)} runs")
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, 2.0)
+                        continue
+                    break
+                runner.outage.recovered()
+                for execution_id, _, _, done in batch:
+                    if not done.done():  # its run was cancelled while waiting
+                        done.set_result(execution_id in recorded)
+        finally:
+            self._writer = None

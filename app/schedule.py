@@ -13,6 +13,7 @@ Interval schedules are aligned to the Unix epoch: slot ``k`` is ``epoch + k * in
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -82,12 +83,21 @@ class CronSchedule:
         object.__setattr__(
             self, "_cron", croniter(text, datetime(2000, 1, 1), second_at_beginning=seconds_first)
         )
+        object.__setattr__(self, "_memo", {})
 
     def describe(self) -> str:
         return self.expression
 
     def next_after(self, moment: datetime) -> datetime:
-        return next(self._slots_after(moment))
+        # Jobs sharing an expression share this object (:func:`shared`), and firing asks for
+        # the same successor several times: remember the last few answers.
+        memo: dict[datetime, datetime] = self._memo  # type: ignore[attr-defined]
+        found = memo.get(moment)
+        if found is None:
+            if len(memo) >= _MEMO_SIZE:
+                memo.clear()
+            found = memo[moment] = next(self._slots_after(moment))
+        return found
 
     def _slots_after(self, moment: datetime) -> Iterator[datetime]:
         zone: ZoneInfo = self._zone  # type: ignore[attr-defined]
@@ -103,6 +113,16 @@ class CronSchedule:
             slot = wall_to_utc(candidate, zone)
             if slot > moment:
                 yield slot
+
+
+_MEMO_SIZE = 64
+
+
+@functools.lru_cache(maxsize=4096)
+def shared(expression: str, timezone: str) -> CronSchedule:
+    """One schedule object per (expression, zone): ten thousand jobs on ``0 * * * *`` parse
+    the expression once and compute each slot once."""
+    return CronSchedule(expression, timezone)
 
 
 def wall_to_utc(wall: datetime, zone: ZoneInfo) -> datetime:

@@ -23,7 +23,7 @@ from app.errors import SlotsUndecided
 from app.registry import Job
 from app.runner import Runner
 from app.schedule import Schedule, slots_between
-from app.store.claims import Claim
+from app.store.claims import Claim, Due
 
 log = logging.getLogger("slotcron.scheduler")
 
@@ -31,10 +31,20 @@ MIN_GRACE = timedelta(seconds=1)
 MAX_GRACE = timedelta(seconds=60)
 _TICK = timedelta(microseconds=1)
 
+BATCH_SIZE = 500
+"""Slots decided per claim transaction. A larger burst is split into chunks."""
+CHUNKS_IN_FLIGHT = 2
+
 
 def grace(schedule: Schedule, slot: datetime) -> timedelta:
     """How late a slot may still be started: until its successor is due, between 1 s and 60 s."""
     return min(max(schedule.next_after(slot) - slot, MIN_GRACE), MAX_GRACE)
+
+
+def missed_reason(job: Job, slot: datetime, now: datetime) -> str:
+    """Why a late slot is recorded MISSED: how late it was reached, and the policy."""
+    lateness = (now - slot).total_seconds()
+    return f"misfire: not claimed until {lateness:.1f} s after its time (misfire={job.misfire!r})"
 
 
 class Scheduler:
@@ -61,6 +71,9 @@ class Scheduler:
         self._claiming: set[asyncio.Task[None]] = set()
         self._planner: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        # Chunks in flight at once: two keep both the database and this loop busy; more would
+        # interleave on the loop, and every chunk (not only the last) would finish late.
+        self._claiming_chunks = asyncio.Semaphore(CHUNKS_IN_FLIGHT)
 
     def schedule_of(self, job: Job) -> Schedule:
         return self._schedules[job.name]
@@ -103,6 +116,8 @@ class Scheduler:
         while True:
             await self._sleep_until_due()
             now = self.clock.now()
+            due: list[tuple[Job, datetime]] = []
+            missed: list[tuple[Job, list[datetime], datetime]] = []
             while self._heap and self._heap[0][0] <= now:
                 slot, _, job = heapq.heappop(self._heap)
                 schedule = self.schedule_of(job)
@@ -110,13 +125,22 @@ class Scheduler:
                     late, resume = self._late_slots(job, slot, now)
                     # The job re-enters the heap only once its late slots are decided: a newer
                     # slot claimed first would close them (the high-water mark) unrecorded.
-                    self._spawn(self._misfire(job, late, now, resume), job)
+                    if job.misfire == "skip":
+                        missed.append((job, late, resume))
+                    else:
+                        self._spawn(self._misfire(job, late, now, resume), job)
                 else:
-                    self._spawn(self._fire(job, slot), job)
+                    due.append((job, slot))
                     self._push(job, schedule.next_after(slot))
+            if len(due) == 1:
+                self._spawn(self._fire(*due[0]), due[0][0])
+            elif due:
+                self._spawn(self._fire_together(due), None)
+            if missed:
+                self._spawn(self._miss_together(missed, now), None)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], job: Job) -> None:
-        task = asyncio.create_task(coro, name=f"slotcron-{job.name}")
+    def _spawn(self, coro: Coroutine[Any, Any, None], job: Job | None) -> None:
+        task = asyncio.create_task(coro, name=f"slotcron-{job.name if job else 'due'}")
         self._tasks.add(task)
         self._claiming.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -174,12 +198,128 @@ class Scheduler:
                 )
             self._past_claim()
             if claim is None or claim.status != "RUNNING":
-                if claim is not None:
-                    log.info(
-                        "%s slot %s %s: %s", job.name, slot.isoformat(), claim.status, claim.reason
-                    )
-                return
+                return  # the claimer logged and counted what it recorded instead
             await self.runner.run(job, claim)
+
+    async def _fire_together(self, due: list[tuple[Job, datetime]]) -> None:
+        """Claim every slot due at once in a few transactions, then start each run in its own
+        task. Only as many are claimed as this instance has capacity for; the rest wait for
+        capacity and are claimed together in turn. Whatever a batch could not decide goes
+        through :meth:`_fire`, one by one."""
+        while due:
+            await self._capacity.acquire()
+            permitted = 1
+            while permitted < len(due) and not self._capacity.locked():
+                await self._capacity.acquire()  # free capacity: returns at once
+                permitted += 1
+            batch, due = due[:permitted], due[permitted:]
+            # In chunks claimed concurrently: the first runs start while the database is still
+            # deciding later chunks, and no transaction holds thousands of rows.
+            chunks = [batch[i : i + BATCH_SIZE] for i in range(0, len(batch), BATCH_SIZE)]
+            await asyncio.gather(*(self._claim_together(chunk) for chunk in chunks))
+
+    async def _claim_together(self, batch: list[tuple[Job, datetime]]) -> None:
+        """Claim ``batch`` under capacity permits already taken, one per slot; each permit is
+        given back when its slot's run ends, or at once if the slot does not run here."""
+        async with self._claiming_chunks:
+            await self._claim_chunk(batch)
+
+    async def _claim_chunk(self, batch: list[tuple[Job, datetime]]) -> None:
+        jobs = {job.name: job for job, _ in batch}
+        items = [self._due(job, slot) for job, slot in batch]
+        ends: dict[tuple[int, datetime], datetime] = {}  # jobs mostly share a few schedules
+        for job, slot in batch:
+            schedule = self._schedules[job.name]
+            if (id(schedule), slot) not in ends:
+                ends[id(schedule), slot] = slot + grace(schedule, slot)
+        give_up_at = min(ends.values())
+        try:
+            decided = await self.claimer.claim_many(items, give_up_at=give_up_at)
+        except BaseException:
+            for _ in batch:
+                self._capacity.release()
+            raise
+        for name, claim in decided.claims.items():
+            if claim.status == "RUNNING":
+                self._start_run(jobs[name], claim)
+                continue
+            self._capacity.release()  # SKIPPED: logged and counted by the claimer
+        for _ in decided.taken:
+            self._capacity.release()
+        for item in decided.held + decided.undecided:
+            self._capacity.release()
+            self._spawn(self._fire(jobs[item.job_name], item.slot), jobs[item.job_name])
+
+    async def _miss_together(
+        self, missed: list[tuple[Job, list[datetime], datetime]], now: datetime
+    ) -> None:
+        """Record late slots of ``misfire="skip"`` jobs MISSED, many jobs per transaction: an
+        overloaded or paused instance that falls behind on thousands of jobs catches up in a
+        few statements, instead of falling further behind deciding them one by one. The
+        k-th late slot of every job goes in round k, so each job's slots stay in order."""
+        try:
+            for k in range(max(len(late) for _, late, _ in missed)):
+                items = [
+                    Due(
+                        job_name=job.name,
+                        slot=late[k],
+                        following=self.schedule_of(job).next_after(late[k]),
+                        trigger=job.trigger,
+                        lease_ms=0,
+                        forbid_overlap=False,
+                        missed_reason=missed_reason(job, late[k], now),
+                        check_gap=False,
+                    )
+                    for job, late, _ in missed
+                    if k < len(late)
+                ]
+                jobs = {job.name: job for job, _, _ in missed}
+                for start in range(0, len(items), BATCH_SIZE):
+                    chunk = items[start : start + BATCH_SIZE]
+                    decided = await self.claimer.claim_many(chunk, give_up_at=now + MAX_GRACE)
+                    for item in decided.held + decided.undecided:  # one by one, in order
+                        await self._claim(
+                            jobs[item.job_name],
+                            item.slot,
+                            trigger=item.trigger,
+                            check_gap=False,
+                            missed_reason=item.missed_reason,
+                        )
+            count = sum(len(late) for _, late, _ in missed)
+            if count:
+                log.warning(
+                    "%d slots of %d jobs reached past their grace: recorded MISSED "
+                    "(misfire='skip')",
+                    count,
+                    len(missed),
+                )
+        finally:
+            for job, _, resume in missed:
+                self._push(job, resume)
+            self._wake.set()
+
+    def _due(self, job: Job, slot: datetime) -> Due:
+        return Due(
+            job_name=job.name,
+            slot=slot,
+            following=self._schedules[job.name].next_after(slot),
+            trigger=job.trigger,
+            lease_ms=job.lease_ms(self.claimer.default_lease),
+            forbid_overlap=job.overlap == "forbid",
+        )
+
+    def _start_run(self, job: Job, claim: Claim) -> None:
+        """Run a claim made under a capacity permit already taken; give the permit back after."""
+
+        async def run() -> None:
+            try:
+                await self.runner.run(job, claim)
+            finally:
+                self._capacity.release()
+
+        task = asyncio.create_task(run(), name=f"slotcron-{job.name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _run_claimed(self, job: Job, claim: Claim) -> None:
         self._past_claim()
@@ -258,16 +398,12 @@ class Scheduler:
         run = {"skip": [], "once": late[-1:], "all": late}[job.misfire]
         for slot in late:
             if slot not in run:
-                lateness = (now - slot).total_seconds()
                 await self._claim(
                     job,
                     slot,
                     trigger=job.trigger,
                     check_gap=False,
-                    missed_reason=(
-                        f"misfire: not claimed until {lateness:.1f} s after its time "
-                        f"(misfire={job.misfire!r})"
-                    ),
+                    missed_reason=missed_reason(job, slot, now),
                 )
                 continue
             claim = await self._claim(job, slot, trigger="catchup", check_gap=False)

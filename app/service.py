@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import os
 import socket
 from collections.abc import Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
+
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.claims import Claimer
 from app.clock import Clock, DatabaseClock
@@ -15,16 +20,23 @@ from app.config import Settings
 from app.errors import ConfigError
 from app.heartbeat import Heartbeat
 from app.leader import Leader
+from app.logs import run_fields
+from app.metrics import Metrics, PrometheusMetrics
 from app.outage import DB_ERRORS, Outage, describe, refused_login
 from app.queued import QueuedRuns
 from app.registry import Job
 from app.runner import Runner, Runs
 from app.scheduler import Scheduler
 from app.shutdown import Signals, shut_down
+from app.store import claims as claim_store
 from app.store import lifeline, migrate, registrations
+from app.store import runs as run_store
 from app.store.database import Database
 from app.store.registrations import JobRow
 from app.version import __version__
+
+if TYPE_CHECKING:
+    from app.http import HttpServer
 
 log = logging.getLogger("slotcron.service")
 
@@ -43,12 +55,16 @@ class Service:
         self.outage = Outage()
         self.runs = Runs()
         self.state = "starting"
+        # Counted only when there is an HTTP server to expose them.
+        prometheus = PrometheusMetrics(self.clock) if settings.http_port is not None else None
+        self.metrics: Metrics = prometheus or Metrics()
         self.claimer = Claimer(
             db=self.db,
             clock=self.clock,
             instance_id=self.instance_id,
             default_lease=settings.lease_seconds,
             outage=self.outage,
+            metrics=self.metrics,
         )
         self.runner = Runner(
             db=self.db,
@@ -57,6 +73,7 @@ class Service:
             runs=self.runs,
             outage=self.outage,
             on_retry_queued=lambda when: self.queued.wake_at(when),
+            metrics=self.metrics,
         )
         self.scheduler = Scheduler(
             self.jobs,
@@ -81,16 +98,20 @@ class Service:
             period=min(period, QUEUE_POLL_SECONDS),
             outage=self.outage,
             start=self.scheduler.start_claimed,
+            pool_size=settings.pool_size,
         )
         self.leader = Leader(
             db=self.db,
             clock=self.clock,
             instance_id=self.instance_id,
             lease=settings.lease_seconds,
-            period=period,
+            # Three ticks to a lease: a lapsed lease or a silent instance is found within a
+            # third of a lease, at three or four statements a minute while nothing happens.
+            period=max(period, settings.lease_seconds / 3),
             outage=self.outage,
             reconcile=self.scheduler.reconcile,
             retention_days=settings.history_retention_days,
+            metrics=self.metrics,
         )
         self.expected: dict[str, datetime | None] = {}
         self.heartbeat = Heartbeat(
@@ -103,6 +124,11 @@ class Service:
             outage=self.outage,
             instance_state=lambda: self.state,
         )
+        self.http: HttpServer | None = None
+        if prometheus is not None:
+            from app.http import HttpServer  # aiohttp is imported only when HTTP is configured
+
+            self.http = HttpServer(self, prometheus)
 
     async def _prepare_database(self) -> None:
         if self.settings.migrate_on_start:
@@ -118,7 +144,7 @@ class Service:
                     f"database schema is at {current or 'nothing'}, this version needs {head}: "
                     "run `slotcron migrate` (or set SCHEDULER_AUTO_MIGRATE=true)",
                 )
-        await self.db.warm_up(min(self.settings.pool_size, max(len(self.jobs), 1)))
+        await self.db.warm_up(min(self.settings.pool_size, max(len(self.jobs), 1)), self._rehearse)
         if isinstance(self.clock, DatabaseClock):
             offset = await self.clock.sync()
             log.info(
@@ -128,6 +154,7 @@ class Service:
             )
         now = self.clock.now()
         for run in await lifeline.abandon_orphans(self.db, instance_id=self.instance_id, now=now):
+            self.metrics.slot_recorded(run.job_name, "ABANDONED")
             log.warning(
                 "execution %s of %s (slot %s) ABANDONED: left RUNNING by a previous process "
                 "with this instance id%s",
@@ -135,6 +162,9 @@ class Service:
                 run.job_name,
                 run.scheduled_at.isoformat(),
                 f"; retry queued as {run.retry_id}" if run.retry_id else "",
+                extra=run_fields(
+                    run.job_name, run.scheduled_at, run.execution_id, run.instance_id, "ABANDONED"
+                ),
             )
         await registrations.register_instance(
             self.db,
@@ -177,8 +207,40 @@ class Service:
                     prior.version,
                 )
 
+    async def _rehearse(self, conn: AsyncConnection) -> None:
+        await claim_store.rehearse(conn, self.db.dialect)
+        await run_store.rehearse(conn, self.db.dialect)
+
     async def start(self, stop: asyncio.Event | None = None) -> None:
-        """Connect (waiting out an unreachable database), register, and start firing."""
+        """Serve HTTP (if configured), connect (waiting out an unreachable database), register,
+        and start firing."""
+        if self.http is not None:
+            # First: the probes answer (/readyz 503) while the database is waited out.
+            await self.http.start()
+        try:
+            await self._connect(stop)
+        except BaseException:
+            if self.http is not None:
+                await self.http.stop()
+            raise
+        self.state = "running"
+        # What start-up built (jobs, schedules, SQLAlchemy's metadata and caches) lives as long
+        # as the process: keep it out of the collector's full passes, which otherwise pause the
+        # loop for tens to hundreds of milliseconds in the middle of a burst of runs.
+        gc.collect()
+        gc.freeze()
+        self.scheduler.start(self.expected)
+        self.heartbeat.start()
+        self.queued.start()
+        self.leader.start()
+        log.info(
+            "instance %s running %d jobs on %s",
+            self.instance_id,
+            len(self.jobs),
+            self.settings.safe_url,
+        )
+
+    async def _connect(self, stop: asyncio.Event | None) -> None:
         delay = 0.5
         while True:
             try:
@@ -196,17 +258,6 @@ class Service:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
         self.outage.recovered()
-        self.state = "running"
-        self.scheduler.start(self.expected)
-        self.heartbeat.start()
-        self.queued.start()
-        self.leader.start()
-        log.info(
-            "instance %s running %d jobs on %s",
-            self.instance_id,
-            len(self.jobs),
-            self.settings.safe_url,
-        )
 
     async def stop(self, signals: Signals | None = None) -> None:
         await shut_down(self, signals or Signals())
@@ -221,6 +272,8 @@ class Service:
         await asyncio.wait({starting, requested}, return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():
             starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting  # lets it stop the HTTP server
             await self.db.close()
             log.info("stopped before start-up completed")
             return True

@@ -81,7 +81,7 @@ async def shut_down(service: Service, signals: Signals) -> None:
         log.info("phase 2: draining for up to %g s", settings.shutdown_drain_timeout)
         await _wait_runs(service, settings.shutdown_drain_timeout, signals.hurry)
     # Phase 3
-    left = list(service.runs)
+    left = [h for h in service.runs if not h.finishing]  # the others are writing outcomes
     if left:
         log.warning(
             "phase 3: cancelling %d runs: %s",
@@ -90,8 +90,9 @@ async def shut_down(service: Service, signals: Signals) -> None:
         )
         for handle in left:
             service.runs.cancel(handle, SHUTDOWN)
+    if len(service.runs):
         await _wait_runs(service, settings.shutdown_cancel_timeout, asyncio.Event())
-        stubborn = list(service.runs)
+        stubborn = [h for h in service.runs if not h.finishing]
         if stubborn:
             # These ignored cancellation: record them STOPPED ourselves before we go.
             with contextlib.suppress(*DB_ERRORS):
@@ -112,5 +113,7 @@ async def shut_down(service: Service, signals: Signals) -> None:
         )
     except DB_ERRORS as exc:
         log.warning("could not mark instance stopped: %s", describe(exc))
+    if service.http is not None:
+        await service.http.stop()  # last: /readyz said 503 through the whole drain
     await service.db.close()
     log.info("phase 4: instance %s stopped", service.instance_id)

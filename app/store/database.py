@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import text
 from sqlalchemy.engine import URL
@@ -46,14 +46,41 @@ class Database:
             async with conn.begin():
                 yield conn
 
-    async def warm_up(self, connections: int) -> None:
-        """Open pooled connections ahead of the first burst of claims."""
+    async def warm_up(
+        self,
+        connections: int,
+        rehearse: Callable[[AsyncConnection], Awaitable[None]] | None = None,
+    ) -> None:
+        """Open pooled connections ahead of the first burst of claims. ``rehearse`` runs the
+        hot statements on each of them in a transaction rolled back, so the first burst finds
+        them prepared (asyncpg prepares per connection) instead of paying for it at the slot."""
 
         async def touch() -> None:
-            async with self.read() as conn:
-                await conn.execute(text("SELECT 1"))
+            if rehearse is None or self.dialect.single_writer:
+                async with self.read() as conn:
+                    await conn.execute(text("SELECT 1"))
+                return
+            async with self.engine.connect() as conn:
+                transaction = await conn.begin()
+                try:
+                    await rehearse(conn)
+                finally:
+                    await transaction.rollback()
 
         await asyncio.gather(*(touch() for _ in range(connections)))
+
+    @asynccontextmanager
+    async def alone(self, *, write: bool) -> AsyncIterator[AsyncConnection]:
+        """A connection for one statement that needs no transaction around it: on PostgreSQL
+        it runs in autocommit, one round trip with no BEGIN or COMMIT (an idle instance's cost
+        is counted in these). Elsewhere a transaction as usual: MariaDB's driver would spend
+        two statements switching autocommit on and off, and SQLite has no server to spare."""
+        if not self.dialect.free_autocommit:
+            async with self.transaction() if write else self.read() as conn:
+                yield conn
+            return
+        async with self.engine.connect() as conn:
+            yield await conn.execution_options(isolation_level="AUTOCOMMIT")
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
@@ -62,6 +89,16 @@ class Database:
             conn = await conn.execution_options(**{READ_ONLY: True})
             async with conn.begin():
                 yield conn
+
+    async def ping(self) -> None:
+        """One round trip to the database (readiness); raises what the driver raises."""
+        async with self.read() as conn:
+            await conn.execute(text("SELECT 1"))
+
+    async def now(self) -> datetime:
+        """The time by the database's clock (SQLite: its storage's), one sample: what a command
+        line tool judges leases and queues by."""
+        return await self.clock_sample() or datetime.now(UTC)
 
     async def clock_sample(self) -> datetime | None:
         """The database's clock (for SQLite, its storage's), or None to use this machine's."""

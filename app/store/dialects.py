@@ -5,17 +5,19 @@ No ``if dialect == ...`` lives outside this module.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Table, text
+from sqlalchemy import ColumnElement, Table, any_, bindparam, text
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import Insert
+from sqlalchemy.types import TypeEngine
 
 
 class Dialect:
@@ -27,6 +29,8 @@ class Dialect:
     single_writer = False
     # The database's clock, sampled for guarantee 5; None: the database has no clock of its own.
     now_sql: str | None = None
+    # True where a statement in autocommit costs one round trip and switching to it none.
+    free_autocommit = False
 
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
         # SCHEDULER_POOL_SIZE is the instance's whole allowance of connections: no overflow.
@@ -41,6 +45,14 @@ class Dialect:
     def is_lock_unavailable(self, exc: BaseException) -> bool:
         """True when ``exc`` says the NOWAIT row lock (or a deadlock victim's) was refused."""
         return False
+
+    def among(
+        self, column: ColumnElement[Any], name: str, element: TypeEngine[Any]
+    ) -> ColumnElement[bool]:
+        """``column IN (:name)`` for a list bound at execution. Expanded here; PostgreSQL binds
+        one array, so the statement text (and its prepared plan) does not change with the
+        list's length."""
+        return column.in_(bindparam(name, expanding=True))
 
     def upsert(
         self,
@@ -60,22 +72,66 @@ class Dialect:
         """A clock for databases without one of their own; None: use this machine's."""
         return None
 
+    async def notify(self, conn: AsyncConnection, channel: str, payload: str) -> None:
+        """Tell listeners on ``channel`` once ``conn``'s transaction commits (no-op where the
+        database cannot: its listeners poll)."""
+
+    async def listen(
+        self, engine: AsyncEngine, channel: str, on_message: Callable[[str], None]
+    ) -> Listening | None:
+        """Hold a pooled connection listening on ``channel``; None where the database has no
+        notifications."""
+        return None
+
     def parse_now(self, value: Any) -> datetime:
         if isinstance(value, datetime):
             return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
         raise TypeError(f"unexpected clock value {value!r}")
 
 
+class Listening:
+    """A pooled connection held for notifications, until closed or lost."""
+
+    def __init__(self, conn: AsyncConnection, driver: Any, channel: str, callback: Any) -> None:
+        self._conn = conn
+        self._driver = driver
+        self._channel = channel
+        self._callback = callback
+
+    @property
+    def alive(self) -> bool:
+        return not self._driver.is_closed()
+
+    async def close(self) -> None:
+        if self.alive:
+            with contextlib.suppress(Exception):
+                await self._driver.remove_listener(self._channel, self._callback)
+        with contextlib.suppress(Exception):
+            await self._conn.close()
+
+
 class PostgreSQL(Dialect):
     name = "postgresql"
+    free_autocommit = True  # asyncpg: autocommit is simply not sending BEGIN
     now_sql = "SELECT clock_timestamp()"
     _LOCK_CODES = frozenset({"55P03", "40P01", "40001"})
+
+    def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
+        options = super().engine_options(url, pool_size)
+        # Named in pg_stat_activity, so a DBA sees whose connections these are.
+        options["connect_args"] = {"server_settings": {"application_name": "slotcron"}}
+        return options
 
     def is_lock_unavailable(self, exc: BaseException) -> bool:
         code = getattr(getattr(exc, "orig", None), "sqlstate", None) or getattr(
             getattr(exc, "orig", None), "pgcode", None
         )
         return code in self._LOCK_CODES
+
+    def among(
+        self, column: ColumnElement[Any], name: str, element: TypeEngine[Any]
+    ) -> ColumnElement[bool]:
+        return column == any_(bindparam(name, type_=postgresql.ARRAY(element)))
 
     def upsert(
         self,
@@ -89,6 +145,29 @@ class PostgreSQL(Dialect):
             index_elements=list(keys), set_={c: stmt.excluded[c] for c in update}
         )
 
+    async def notify(self, conn: AsyncConnection, channel: str, payload: str) -> None:
+        await conn.execute(
+            text("SELECT pg_notify(:channel, :payload)"), {"channel": channel, "payload": payload}
+        )
+
+    async def listen(
+        self, engine: AsyncEngine, channel: str, on_message: Callable[[str], None]
+    ) -> Listening | None:
+        conn = await engine.connect()
+        try:
+            driver: Any = (await conn.get_raw_connection()).driver_connection
+
+            def callback(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
+                on_message(payload)
+
+            await driver.add_listener(channel, callback)
+            # A lost connection is news too: the listener polls and listens again.
+            driver.add_termination_listener(lambda _conn: on_message(""))
+        except BaseException:
+            await conn.close()
+            raise
+        return Listening(conn, driver, channel, callback)
+
     @asynccontextmanager
     async def migration_lock(self, conn: AsyncConnection) -> AsyncIterator[None]:
         # Released by the migration's commit.
@@ -97,7 +176,8 @@ class PostgreSQL(Dialect):
 
 
 class MySQL(Dialect):
-    """MariaDB 10.3+ and MySQL 8: ``FOR UPDATE NOWAIT``, ``DATETIME(6)`` read as UTC."""
+    """MariaDB 10.6+ and MySQL 8: ``FOR UPDATE NOWAIT`` and ``SKIP LOCKED``, ``DATETIME(6)``
+    read as UTC."""
 
     name = "mysql"
     now_sql = "SELECT UTC_TIMESTAMP(6)"

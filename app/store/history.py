@@ -43,8 +43,9 @@ async def list_executions(
     status: str | None = None,
     since: datetime | None = None,
     limit: int = 50,
+    offset: int = 0,
 ) -> list[ExecutionRecord]:
-    """Executions, newest slot first."""
+    """Executions, newest slot first; ``offset`` skips that many (paging)."""
     query = select(executions)
     if job is not None:
         query = query.where(executions.c.job_name == job)
@@ -53,6 +54,8 @@ async def list_executions(
     if since is not None:
         query = query.where(executions.c.scheduled_at >= since)
     query = query.order_by(executions.c.scheduled_at.desc(), executions.c.id.desc()).limit(limit)
+    if offset:
+        query = query.offset(offset)
     async with db.read() as conn:
         rows = (await conn.execute(query)).mappings().all()
     return [

@@ -12,8 +12,20 @@ from app.store.tables import LEADER_ROW, instances, leader
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-async def acquire_or_renew(db: Database, *, instance_id: str, now: datetime, lease: float) -> bool:
-    """Take the lease if it lapsed, or renew it if we hold it. True when we hold it after.
+async def renew(db: Database, *, instance_id: str, now: datetime, lease: float) -> bool:
+    """Extend our lease; False when it is no longer ours. One statement, in autocommit."""
+    async with db.alone(write=True) as conn:
+        result = await conn.execute(
+            update(leader)
+            .where(leader.c.name == LEADER_ROW, leader.c.instance_id == instance_id)
+            .values(lease_until=now + timedelta(seconds=lease))
+        )
+    return result.rowcount == 1
+
+
+async def take(db: Database, *, instance_id: str, now: datetime, lease: float) -> bool:
+    """Take the lease if it lapsed (or is ours); True when we hold it after. The instances
+    table shows the new leader in the same transaction.
 
     A node that lost the lease cannot renew it: the update only matches our own lease or a
     lapsed one, so two nodes never both believe they lead for longer than clock error allows.
@@ -60,7 +72,7 @@ async def resign(db: Database, *, instance_id: str) -> None:
 
 async def current(db: Database) -> tuple[str | None, datetime | None]:
     """``(instance_id, lease_until)`` of the leadership lease."""
-    async with db.read() as conn:
+    async with db.alone(write=False) as conn:
         row = (
             await conn.execute(
                 select(leader.c.instance_id, leader.c.lease_until).where(

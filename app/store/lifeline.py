@@ -9,7 +9,16 @@ from typing import Any
 from sqlalchemy import insert, select, update
 
 from app.store.database import Database
+from app.store.dialects import Dialect
 from app.store.tables import executions, jobs
+
+QUEUED_CHANNEL = "slotcron_queued"
+
+
+async def announce_queued(conn: Any, dialect: Dialect, available_at: datetime) -> None:
+    """Wake listening instances when this transaction commits: a QUEUED execution becomes
+    available at ``available_at``."""
+    await dialect.notify(conn, QUEUED_CHANNEL, available_at.isoformat())
 
 
 @dataclass(frozen=True)
@@ -23,9 +32,16 @@ class Abandoned:
 
 
 async def queue_retry(
-    conn: Any, *, row: Any, now: datetime, backoff: float, reason_trigger: str = "retry"
+    conn: Any,
+    *,
+    row: Any,
+    now: datetime,
+    backoff: float,
+    dialect: Dialect,
+    reason_trigger: str = "retry",
 ) -> int | None:
     """Insert the next attempt of ``row``'s slot as QUEUED, carrying its params and state."""
+    await announce_queued(conn, dialect, now + timedelta(seconds=backoff))
     result = await conn.execute(
         insert(executions).values(
             job_name=row.job_name,
@@ -113,7 +129,11 @@ async def _abandon(
             retry_id = None
             if row.attempt < int(options.get("max_attempts", 1)):
                 retry_id = await queue_retry(
-                    conn, row=row, now=now, backoff=float(options.get("retry_backoff", 10))
+                    conn,
+                    row=row,
+                    now=now,
+                    backoff=float(options.get("retry_backoff", 10)),
+                    dialect=db.dialect,
                 )
         found.append(
             Abandoned(

@@ -13,8 +13,9 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from app.errors import Refused, UsageError
+from app.errors import NotFound, Refused
 from app.store.database import Database
+from app.store.lifeline import announce_queued
 from app.store.tables import executions, instances, jobs
 
 RESTARTABLE = ("FAILED", "STOPPED", "ABANDONED")
@@ -46,7 +47,7 @@ async def _job_options(conn: Any, name: str) -> dict[str, Any]:
         await conn.execute(select(jobs.c.options).where(jobs.c.name == name).with_for_update())
     ).one_or_none()
     if row is None:
-        raise UsageError(f"no job named {name!r} is known to the database")
+        raise NotFound(f"no job named {name!r} is known to the database")
     return dict(row.options or {})
 
 
@@ -59,7 +60,7 @@ async def restart(db: Database, *, execution_id: int, now: datetime) -> Queued:
             await conn.execute(select(executions).where(executions.c.id == execution_id))
         ).one_or_none()
         if row is None:
-            raise UsageError(f"no execution with id {execution_id}")
+            raise NotFound(f"no execution with id {execution_id}")
         options = await _job_options(conn, row.job_name)  # locks the job: one restart at a time
         attempts = (
             await conn.execute(
@@ -89,6 +90,7 @@ async def restart(db: Database, *, execution_id: int, now: datetime) -> Queued:
         if not options.get("restartable", True):
             raise Refused(f"job {row.job_name!r} is declared restartable=False")
         latest = attempts[-1]
+        await announce_queued(conn, db.dialect, now)
         try:
             result = await conn.execute(
                 insert(executions).values(
@@ -127,6 +129,7 @@ async def trigger(db: Database, *, job: str, params: dict[str, Any], now: dateti
             )
         ).scalar_one_or_none()
         slot = now if latest is None or latest < now else latest + timedelta(microseconds=1)
+        await announce_queued(conn, db.dialect, now)
         result = await conn.execute(
             insert(executions).values(
                 job_name=job,
@@ -143,6 +146,19 @@ async def trigger(db: Database, *, job: str, params: dict[str, Any], now: dateti
     return Queued(_new_id(result), job, slot, 1, "manual")
 
 
+async def trigger_live(
+    db: Database, *, job: str, params: dict[str, Any], now: datetime, live_within: float
+) -> Queued:
+    """:func:`trigger`, refused when no instance is live to take the run (one heartbeating
+    within ``live_within`` seconds): a manual run nobody would start must not wait silently."""
+    if not await live_instances(db, now=now, within=live_within):
+        raise Refused(
+            f"no live instance to run {job!r}: start `slotcron run` (an instance is live while "
+            f"it heartbeats within SCHEDULER_LEASE_SECONDS={live_within:g})"
+        )
+    return await trigger(db, job=job, params=params, now=now)
+
+
 async def set_paused(db: Database, *, job: str, paused: bool, reason: str | None) -> bool:
     """Pause or resume; False when it already was. Claims read the flag, so it takes effect on
     the whole cluster at the next slot."""
@@ -151,7 +167,7 @@ async def set_paused(db: Database, *, job: str, paused: bool, reason: str | None
             await conn.execute(select(jobs.c.paused).where(jobs.c.name == job).with_for_update())
         ).one_or_none()
         if current is None:
-            raise UsageError(f"no job named {job!r} is known to the database")
+            raise NotFound(f"no job named {job!r} is known to the database")
         if bool(current.paused) == paused:
             return False
         await conn.execute(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, text, update
+from sqlalchemy import select, update
 
 from app.store import leadership
 from app.store.database import Database
@@ -162,11 +162,11 @@ class InstanceRecord:
 async def list_instances(db: Database) -> list[InstanceRecord]:
     """Every instance row, newest heartbeat first; ``leader`` from the live leadership lease."""
     holder, lease_until = await leadership.current(db)
+    now = await db.now()
     async with db.read() as conn:
         rows = (
             await conn.execute(select(instances).order_by(instances.c.heartbeat_at.desc()))
         ).all()
-        now = await _now(db, conn)
     live_holder = holder if lease_until is not None and lease_until > now else None
     return [
         InstanceRecord(
@@ -181,13 +181,6 @@ async def list_instances(db: Database) -> list[InstanceRecord]:
         )
         for r in rows
     ]
-
-
-async def _now(db: Database, conn: Any) -> datetime:
-    """The database's clock (ours for SQLite): what leases are judged by."""
-    if db.dialect.now_sql is None:
-        return datetime.now(UTC)
-    return db.dialect.parse_now((await conn.execute(text(db.dialect.now_sql))).scalar_one())
 
 
 async def overdue_jobs(

@@ -6,15 +6,19 @@ never overwrite what another instance (or the leader) recorded about it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
+import functools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Text, bindparam, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.store.database import Database
+from app.store.dialects import Dialect
 from app.store.lifeline import queue_retry
-from app.store.tables import executions, instances
+from app.store.tables import UTCDateTime, executions, instances
 
 
 def _mine(execution_id: int, instance_id: str) -> Any:
@@ -52,8 +56,91 @@ async def finish(
             row = (
                 await conn.execute(select(executions).where(executions.c.id == execution_id))
             ).one()
-            await queue_retry(conn, row=row, now=now, backoff=retry_backoff)
+            await queue_retry(conn, row=row, now=now, backoff=retry_backoff, dialect=db.dialect)
     return True
+
+
+@dataclass(frozen=True)
+class _Finish:
+    """:func:`finish_many`'s statements for one dialect: the run ids are one list parameter."""
+
+    lock_mine: Any
+    write: Any
+    write_returning: Any
+
+
+@functools.cache
+def _finish(dialect: Dialect) -> _Finish:
+    ids = dialect.among(executions.c.id, "p_ids", executions.c.id.type)
+    mine = (
+        ids,
+        executions.c.status == "RUNNING",
+        executions.c.instance_id == bindparam("p_instance"),
+    )
+    now = bindparam("p_now", type_=UTCDateTime())
+    values = {
+        "status": bindparam("p_status"),
+        "error": bindparam("p_error", type_=Text()),
+        "finished_at": now,
+        "lease_until": now,
+    }
+    return _Finish(
+        lock_mine=select(executions.c.id).where(*mine).with_for_update(),
+        write=update(executions).where(ids).values(**values),
+        write_returning=update(executions).where(*mine).values(**values).returning(executions.c.id),
+    )
+
+
+async def finish_many(
+    db: Database,
+    outcomes: Sequence[tuple[int, str, str | None]],
+    *,
+    instance_id: str,
+    now: datetime,
+) -> set[int]:
+    """Record many runs' outcomes ``(execution_id, status, error)`` in one transaction; return
+    the ids recorded (the others were no longer ours). One UPDATE per distinct outcome."""
+    groups: dict[tuple[str, str | None], list[int]] = {}
+    for execution_id, status, error in outcomes:
+        groups.setdefault((status, error), []).append(execution_id)
+    recorded: set[int] = set()
+    sql = _finish(db.dialect)
+    returning = db.engine.dialect.update_returning
+    async with db.transaction() as conn:
+        for (status, error), ids in groups.items():
+            params = {
+                "p_ids": ids,
+                "p_instance": instance_id,
+                "p_status": status,
+                "p_error": error,
+                "p_now": now,
+            }
+            if returning:
+                recorded.update((await conn.execute(sql.write_returning, params)).scalars())
+                continue
+            # MariaDB/MySQL (no UPDATE ... RETURNING): lock and read which are still ours.
+            ours = list((await conn.execute(sql.lock_mine, params)).scalars())
+            if ours:
+                await conn.execute(sql.write, {**params, "p_ids": ours})
+                recorded.update(ours)
+    return recorded
+
+
+async def rehearse(conn: AsyncConnection, dialect: Dialect) -> None:
+    """Run :func:`finish_many`'s statements once, writing nothing (see ``claims.rehearse``)."""
+    sql = _finish(dialect)
+    params: dict[str, Any] = {
+        "p_ids": [],
+        "p_instance": "",
+        "p_status": "COMPLETED",
+        "p_error": None,
+        "p_now": datetime(2000, 1, 1, tzinfo=UTC),
+    }
+    if conn.dialect.update_returning:
+        await conn.execute(sql.write_returning, params)
+    else:
+        await conn.execute(sql.lock_mine, params)
+        await conn.execute(sql.write, params)
 
 
 async def stop_all(
@@ -100,6 +187,15 @@ async def renew(
     ``lease_counts`` maps a lease length (ms) to how many runs we hold with it. Returns None
     when every lease was renewed, else the ids still ours (the others were taken from us).
     """
+    beat = (
+        update(instances)
+        .where(instances.c.instance_id == instance_id)
+        .values(heartbeat_at=now, state=instance_state)
+    )
+    if not lease_counts:  # idle: the instance row alone
+        async with db.alone(write=True) as conn:
+            await conn.execute(beat)
+        return None
     complete = True
     async with db.transaction() as conn:
         for lease_ms, expected in lease_counts.items():
@@ -113,11 +209,7 @@ async def renew(
                 .values(heartbeat_at=now, lease_until=now + timedelta(milliseconds=lease_ms))
             )
             complete = complete and result.rowcount == expected
-        await conn.execute(
-            update(instances)
-            .where(instances.c.instance_id == instance_id)
-            .values(heartbeat_at=now, state=instance_state)
-        )
+        await conn.execute(beat)
         if complete:
             return None
         rows = await conn.execute(

@@ -23,7 +23,7 @@ from tests.cluster.harness import Instance, leader_row
 JOBS = "tests.cluster.jobs_light"
 LEASE = 2.0
 HEARTBEAT = 0.4
-PERIOD = min(HEARTBEAT, LEASE / 4)  # the leader's tick (app/service.py)
+PERIOD = max(min(HEARTBEAT, LEASE / 4), LEASE / 3)  # the leader's tick (app/service.py)
 MARGIN = 1.0
 ENV: dict[str, Any] = dict(SCHEDULER_LEASE_SECONDS=LEASE, SCHEDULER_HEARTBEAT_SECONDS=HEARTBEAT)
 LOG_LINE = re.compile(r"^(\S+) +\w+ +slotcron\.leader: (took|lost|resigned) leadership", re.M)

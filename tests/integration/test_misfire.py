@@ -108,3 +108,48 @@ async def test_an_on_time_slot_never_fires_before_its_time(
     await wait_for(lambda: ran, what="the slot at :10")
     assert ran[0][0] == datetime.fromisoformat(at(10))
     assert ran[0][1] >= ran[0][0]
+
+
+async def test_many_jobs_reached_late_are_recorded_missed_together_in_order(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    registry = Registry()
+    ran: list[tuple[str, datetime]] = []
+
+    def make(i: int) -> None:
+        @every(seconds=10, name=f"many-{i}", registry=registry)
+        async def job(ctx: JobContext) -> None:
+            ran.append((ctx.job, ctx.scheduled_at))
+
+    for i in range(30):
+        make(i)
+    clock = ManualClock(T0)
+    service = await start_service(list(registry), clock=clock)
+    await clock.set(T0 + timedelta(seconds=10))
+    await wait_for(lambda: len(ran) == 30, what="the on-time slot :10 of every job")
+    batches = service.claimer.stats.batches
+    await clock.set(T0 + timedelta(seconds=45))  # :20 and :30 are past their grace, :40 is not
+
+    async def settled() -> bool:
+        async with db.read() as conn:
+            rows = (await conn.execute(select(executions))).all()
+        return len(rows) == 120 and all(r.status != "RUNNING" for r in rows)
+
+    await wait_for(settled, what="120 slots decided")
+    async with db.read() as conn:
+        rows = (await conn.execute(select(executions).order_by(executions.c.id))).all()
+    by_slot: dict[str, set[str]] = {}
+    for r in rows:
+        by_slot.setdefault(r.scheduled_at.isoformat(), set()).add(r.status)
+    assert by_slot == {
+        at(10): {"COMPLETED"},
+        at(20): {"MISSED"},
+        at(30): {"MISSED"},
+        at(40): {"COMPLETED"},
+    }
+    # Each job's :20 was recorded before its :30 (rows are numbered as written).
+    for i in range(30):
+        mine = [r for r in rows if r.job_name == f"many-{i}" and r.status == "MISSED"]
+        assert [r.scheduled_at.isoformat() for r in mine] == [at(20), at(30)]
+    # Two rounds of 30 and one burst of 30: three transactions, not ninety.
+    assert service.claimer.stats.batches - batches == 3

@@ -530,3 +530,37 @@ async def test_a_paused_job_can_still_be_triggered_by_hand(
     assert not [s for t, _, s in ran if t != "manual" and s > paused_at]
     [job] = await list_jobs(db)
     assert job.paused
+
+
+async def test_a_manual_run_wakes_an_idle_instance_by_notification_on_postgresql(
+    db: Database, backend: str, start_service: ServiceFactory
+) -> None:
+    """On PostgreSQL an idle instance does not poll for queued runs (LISTEN/NOTIFY): a trigger
+    still starts at once. Elsewhere it polls about once a second."""
+    import app.queued
+
+    registry = Registry()
+    started: list[float] = []
+
+    @cron(YEARLY, name="on-call", registry=registry)
+    async def on_call() -> None:
+        started.append(time.monotonic())
+
+    service = await start_service(list(registry))
+    listening = service.queued._listening
+    if backend == "postgresql":
+        await wait_for(
+            lambda: service.queued._listening is not None, what="the queued-run listener"
+        )
+        listening = service.queued._listening
+        assert listening is not None and listening.alive
+        assert app.queued.LISTENING_POLL_SECONDS >= 60  # so only a notification can be quick
+    else:
+        assert listening is None
+    await asyncio.sleep(0.3)  # past the poll a new listener makes at once
+    asked = time.monotonic()
+    await operations.trigger(db, job="on-call", params={}, now=service.clock.now())
+    await wait_for(lambda: started, timeout=5, what="the manual run")
+    waited = started[0] - asked
+    # A poll comes within a second; a notification within a few milliseconds.
+    assert waited < (0.5 if backend == "postgresql" else 2.0), f"started after {waited:.2f} s"

@@ -122,11 +122,11 @@ async def test_one_leader_at_a_time_and_another_takes_over_within_one_lease(
 
 async def test_a_node_that_lost_the_lease_cannot_renew_it(db: Database) -> None:
     now = datetime.now(UTC)
-    assert await leadership.acquire_or_renew(db, instance_id="a", now=now, lease=1)
-    assert not await leadership.acquire_or_renew(db, instance_id="b", now=now, lease=1)
+    assert await leadership.take(db, instance_id="a", now=now, lease=1)
+    assert not await leadership.take(db, instance_id="b", now=now, lease=1)
     later = now + timedelta(seconds=2)
-    assert await leadership.acquire_or_renew(db, instance_id="b", now=later, lease=1)
-    assert not await leadership.acquire_or_renew(db, instance_id="a", now=later, lease=1)
+    assert await leadership.take(db, instance_id="b", now=later, lease=1)
+    assert not await leadership.take(db, instance_id="a", now=later, lease=1)
     assert (await leadership.current(db))[0] == "b"
 
 

@@ -33,9 +33,9 @@ async def test_live_versions_that_disagree_on_a_schedule_show_drift_and_never_do
 
     clock = ManualClock(T0)
     monkeypatch.setattr(app.service, "__version__", "1.0")
-    await start_service(list(blue_jobs), clock=clock, instance_id="blue")
+    blue_service = await start_service(list(blue_jobs), clock=clock, instance_id="blue")
     monkeypatch.setattr(app.service, "__version__", "2.0")
-    await start_service(list(green_jobs), clock=clock, instance_id="green")
+    green_service = await start_service(list(green_jobs), clock=clock, instance_id="green")
 
     [record] = await list_jobs(db, now=clock.now(), live_within=60)
     assert record.drift == {"1.0": "every 10s (UTC)", "2.0": "every 20s (UTC)"}
@@ -45,6 +45,12 @@ async def test_live_versions_that_disagree_on_a_schedule_show_drift_and_never_do
         await wait_for(
             lambda s=seconds: any(slot.second == s % 60 for slot, _ in ran),
             what=f"slot :{seconds}",
+        )
+        # Its outcome written too: a run still recorded RUNNING would make the next slot
+        # SKIPPED under overlap="forbid", which is right but not what this test is about.
+        await wait_for(
+            lambda: len(blue_service.runs) == len(green_service.runs) == 0,
+            what=f"slot :{seconds} recorded",
         )
     slots = [slot for slot, _ in ran]
     assert len(slots) == len(set(slots)), f"a slot ran twice: {ran}"

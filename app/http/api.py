@@ -1,0 +1,230 @@
+"""The JSON admin API: the operator commands of the CLI, over HTTP, through the same store
+functions (so the same rules: a COMPLETED slot is never restarted, a trigger needs a live
+instance).
+
+Reads: ``GET /api/jobs``, ``GET /api/executions`` (filters ``job``, ``status``, ``since``;
+paging ``limit``, ``offset``), ``GET /api/instances``. Writes: ``POST
+/api/jobs/{name}/trigger`` (body ``{"params": {...}}``), ``/pause`` (body ``{"reason":
+"..."}``), ``/resume``, ``POST /api/executions/{id}/restart``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from app.errors import NotFound, Refused
+from app.filters import parse_since, parse_status
+from app.http.auth import TokenCheck
+from app.http.errors import ApiError
+from app.records import execution_json, instance_json, job_json, queued_json
+from app.store import operations
+from app.store.history import list_executions
+from app.store.registrations import list_instances
+
+if TYPE_CHECKING:
+    from app.service import Service
+
+log = logging.getLogger("slotcron.http")
+
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
+MAX_NAME = 200  # as the jobs table
+MAX_REASON = 400  # as the jobs table's paused_reason
+_MAX_ID = 2**63 - 1
+
+
+class AdminApi:
+    def __init__(self, service: Service, auth: TokenCheck) -> None:
+        self.service = service
+        self.auth = auth
+
+    # Reads
+
+    async def jobs(self, request: web.Request) -> web.Response:
+        self.auth.read(request)
+        _query(request, allowed=())
+        records = await operations.list_jobs(
+            self.service.db,
+            now=self.service.clock.now(),
+            live_within=self.service.settings.lease_seconds,
+        )
+        return web.json_response({"jobs": [job_json(r) for r in records]})
+
+    async def executions(self, request: web.Request) -> web.Response:
+        self.auth.read(request)
+        query = _query(request, allowed=("job", "status", "since", "limit", "offset"))
+        job = query.get("job") or None
+        if job is not None and len(job) > MAX_NAME:
+            raise ApiError(400, f"a job name has at most {MAX_NAME} characters", field="job")
+        status = _parsed(query, "status", parse_status)
+        since = _parsed(query, "since", lambda text: parse_since(text, self.service.clock.now()))
+        limit = _integer(query, "limit", DEFAULT_LIMIT, low=1, high=MAX_LIMIT)
+        offset = _integer(query, "offset", 0, low=0, high=_MAX_ID)
+        # One more than asked: whether there is a next page, without counting the table.
+        records = await list_executions(
+            self.service.db, job=job, status=status, since=since, limit=limit + 1, offset=offset
+        )
+        more = len(records) > limit
+        return web.json_response(
+            {
+                "executions": [execution_json(r) for r in records[:limit]],
+                "limit": limit,
+                "offset": offset,
+                "next_offset": offset + limit if more else None,
+            }
+        )
+
+    async def instances(self, request: web.Request) -> web.Response:
+        self.auth.read(request)
+        _query(request, allowed=())
+        records = await list_instances(self.service.db)
+        return web.json_response({"instances": [instance_json(r) for r in records]})
+
+    # Writes
+
+    async def trigger(self, request: web.Request) -> web.Response:
+        self.auth.write(request)
+        name = _job_name(request)
+        body = await _body(request, allowed=("params",))
+        params = body.get("params", {})
+        if not isinstance(params, dict):
+            raise ApiError(400, "params must be a JSON object", field="params")
+        try:
+            queued = await operations.trigger_live(
+                self.service.db,
+                job=name,
+                params=params,
+                now=self.service.clock.now(),
+                live_within=self.service.settings.lease_seconds,
+            )
+        except NotFound as exc:
+            raise ApiError(404, str(exc), field="name") from None
+        except Refused as exc:
+            raise ApiError(409, str(exc)) from None
+        _audit(request, f"trigger {name}: queued execution {queued.execution_id}")
+        return web.json_response(queued_json(queued), status=202)
+
+    async def pause(self, request: web.Request) -> web.Response:
+        self.auth.write(request)
+        name = _job_name(request)
+        body = await _body(request, allowed=("reason",))
+        reason = body.get("reason")
+        if reason is not None and not isinstance(reason, str):
+            raise ApiError(400, "reason must be a string", field="reason")
+        if reason is not None and len(reason) > MAX_REASON:
+            raise ApiError(400, f"reason has at most {MAX_REASON} characters", field="reason")
+        return await self._set_paused(request, name, True, reason or None)
+
+    async def resume(self, request: web.Request) -> web.Response:
+        self.auth.write(request)
+        name = _job_name(request)
+        await _body(request, allowed=())
+        return await self._set_paused(request, name, False, None)
+
+    async def _set_paused(
+        self, request: web.Request, name: str, paused: bool, reason: str | None
+    ) -> web.Response:
+        try:
+            changed = await operations.set_paused(
+                self.service.db, job=name, paused=paused, reason=reason
+            )
+        except NotFound as exc:
+            raise ApiError(404, str(exc), field="name") from None
+        if changed:
+            _audit(request, f"{'pause' if paused else 'resume'} {name}")
+        return web.json_response({"job": name, "paused": paused, "changed": changed})
+
+    async def restart(self, request: web.Request) -> web.Response:
+        self.auth.write(request)
+        text = request.match_info["id"]
+        if not text.isascii() or not text.isdigit():
+            raise ApiError(400, f"execution id must be a whole number, got {text!r}", field="id")
+        execution_id = int(text)
+        if not 1 <= execution_id <= _MAX_ID:
+            raise ApiError(400, f"execution id must be positive, got {execution_id}", field="id")
+        await _body(request, allowed=())
+        try:
+            queued = await operations.restart(
+                self.service.db, execution_id=execution_id, now=self.service.clock.now()
+            )
+        except NotFound as exc:
+            raise ApiError(404, str(exc), field="id") from None
+        except Refused as exc:
+            raise ApiError(409, str(exc)) from None
+        _audit(request, f"restart {execution_id}: queued execution {queued.execution_id}")
+        return web.json_response(queued_json(queued), status=202)
+
+
+def _query(request: web.Request, *, allowed: Collection[str]) -> dict[str, str]:
+    """The query parameters, each given at most once; an unknown one is an error (a typo must
+    not silently widen a filter)."""
+    values: dict[str, str] = {}
+    for key, value in request.query.items():
+        if key not in allowed:
+            choices = ", ".join(allowed) or "none"
+            raise ApiError(400, f"unknown query parameter {key!r} (accepted: {choices})", field=key)
+        if key in values:
+            raise ApiError(400, f"query parameter {key!r} given more than once", field=key)
+        values[key] = value
+    return values
+
+
+def _parsed(query: dict[str, str], field: str, parse: Any) -> Any:
+    text = query.get(field)
+    if not text:
+        return None
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise ApiError(400, f"{field}: {exc}", field=field) from None
+
+
+def _integer(query: dict[str, str], field: str, default: int, *, low: int, high: int) -> int:
+    text = query.get(field)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ApiError(400, f"{field} must be a whole number, got {text!r}", field=field) from None
+    if not low <= value <= high:
+        raise ApiError(400, f"{field} must be between {low} and {high}, got {value}", field=field)
+    return value
+
+
+def _job_name(request: web.Request) -> str:
+    name = request.match_info["name"]
+    if not name or len(name) > MAX_NAME:
+        raise ApiError(400, f"a job name has 1 to {MAX_NAME} characters", field="name")
+    return name
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+async def _body(request: web.Request, *, allowed: Collection[str]) -> dict[str, Any]:
+    """The request's JSON object (an empty body is ``{}``); unknown keys are an error."""
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw, parse_constant=_no_constants)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}", field="body") from None
+    if not isinstance(value, dict):
+        raise ApiError(400, "request body must be a JSON object", field="body")
+    for key in value:
+        if key not in allowed:
+            choices = ", ".join(allowed) or "none"
+            raise ApiError(400, f"unknown field {key!r} (accepted: {choices})", field=key)
+    return value
+
+
+def _audit(request: web.Request, what: str) -> None:
+    log.info("admin API: %s (from %s)", what, request.remote)

@@ -1,0 +1,172 @@
+"""What an instance counts for Prometheus.
+
+Two kinds of figure. Events the hot path reports through three hooks (a slot recorded not
+run, a run started, a run finished): :class:`Metrics` is their no-op base, what an instance
+without an HTTP server uses, and :class:`PrometheusMetrics` counts them. State that already
+exists (claim statistics, database errors, leadership, draining, the clock offset, runs in
+flight) is read when Prometheus scrapes, by :class:`InstanceCollector`, at no cost between
+scrapes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from app.clock import Clock
+from app.version import __version__
+
+if TYPE_CHECKING:
+    from app.service import Service
+
+# Fire lag: a healthy instance starts within milliseconds of the slot.
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+
+# Fire lag is measured for these triggers only: a catch-up or retry is late by design, and a
+# manual run's slot is the moment it was asked for.
+ON_TIME_TRIGGERS = frozenset({"cron", "interval"})
+
+
+class Metrics:
+    """The hooks the scheduler calls. This base does nothing, so calling them costs a method
+    call when nobody scrapes."""
+
+    def slot_recorded(self, job: str, outcome: str) -> None:
+        """A slot this instance decided not to run (``SKIPPED``, ``MISSED``), or a run it
+        recorded ``ABANDONED`` (as leader)."""
+
+    def run_started(self, job: str, trigger: str, slot: datetime) -> float:
+        """The job's coroutine starts now; returns the moment to pass to :meth:`run_finished`."""
+        return 0.0
+
+    def run_finished(self, job: str, outcome: str, began: float) -> None:
+        """A run ended (``COMPLETED``, ``FAILED``, ``STOPPED``, or ``FENCED`` when its record was
+        no longer ours). ``began`` is what :meth:`run_started` returned (0.0: it never did)."""
+
+
+class PrometheusMetrics(Metrics):
+    """The event counters of one instance, in a registry of its own (several services may
+    share a process, as tests do)."""
+
+    def __init__(self, clock: Clock, registry: CollectorRegistry | None = None) -> None:
+        self.clock = clock
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._slots = Counter(
+            "slotcron_slots",
+            "Slots this instance decided, by job and outcome (COMPLETED, FAILED, STOPPED, "
+            "SKIPPED, MISSED, ABANDONED, FENCED)",
+            ["job", "outcome"],
+            registry=self.registry,
+        )
+        self._lag = Histogram(
+            "slotcron_fire_lag_seconds",
+            "Start of a cron or interval run minus its slot, by the database clock (includes "
+            "jitter, when a job sets one)",
+            buckets=LAG_BUCKETS,
+            registry=self.registry,
+        )
+        self._duration = Histogram(
+            "slotcron_run_duration_seconds",
+            "How long runs took, by job",
+            ["job"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        # Children cached per label set: one dict lookup per event instead of labels().
+        self._slot_children: dict[tuple[str, str], Counter] = {}
+        self._duration_children: dict[str, Histogram] = {}
+
+    def _count(self, job: str, outcome: str) -> None:
+        child = self._slot_children.get((job, outcome))
+        if child is None:
+            child = self._slot_children[job, outcome] = self._slots.labels(job, outcome)
+        child.inc()
+
+    def slot_recorded(self, job: str, outcome: str) -> None:
+        self._count(job, outcome)
+
+    def run_started(self, job: str, trigger: str, slot: datetime) -> float:
+        if trigger in ON_TIME_TRIGGERS:
+            self._lag.observe(max((self.clock.now() - slot).total_seconds(), 0.0))
+        return time.monotonic()
+
+    def run_finished(self, job: str, outcome: str, began: float) -> None:
+        self._count(job, outcome)
+        if began:
+            child = self._duration_children.get(job)
+            if child is None:
+                child = self._duration_children[job] = self._duration.labels(job)
+            child.observe(time.monotonic() - began)
+
+
+class InstanceCollector(Collector):
+    """Figures read from the service's own state at scrape time."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        service = self.service
+        stats = service.claimer.stats
+        info = GaugeMetricFamily(
+            "slotcron_instance_info", "This instance", labels=["instance", "version"]
+        )
+        info.add_metric([service.instance_id, __version__], 1)
+        yield info
+        yield CounterMetricFamily(
+            "slotcron_claims",
+            "Slots this instance claimed (decided: run, skipped or missed)",
+            value=stats.claims,
+        )
+        yield CounterMetricFamily(
+            "slotcron_claims_lost",
+            "Claims lost to another instance (the slot was already claimed)",
+            value=stats.taken,
+        )
+        yield CounterMetricFamily(
+            "slotcron_claim_busy_retries",
+            "Claims retried because another instance held the job's row at that moment",
+            value=stats.busy_retries,
+        )
+        yield CounterMetricFamily(
+            "slotcron_claims_given_up",
+            "Slots not claimed before their deadline (left to the misfire policy)",
+            value=stats.gave_up,
+        )
+        yield CounterMetricFamily(
+            "slotcron_database_errors",
+            "Database calls that failed (connection lost or refused, timeouts)",
+            value=service.outage.errors,
+        )
+        yield GaugeMetricFamily(
+            "slotcron_database_outage",
+            "1 while the database is unreachable from this instance",
+            value=1 if service.outage.ongoing else 0,
+        )
+        yield GaugeMetricFamily(
+            "slotcron_runs_in_flight", "Runs executing on this instance", value=len(service.runs)
+        )
+        yield GaugeMetricFamily(
+            "slotcron_leader",
+            "1 while this instance holds the cluster's leadership lease",
+            value=1 if service.leader.leading else 0,
+        )
+        yield GaugeMetricFamily(
+            "slotcron_draining",
+            "1 once shutdown has begun (no more claims; in-flight runs drain)",
+            value=1 if service.state in ("draining", "stopped") else 0,
+        )
+        offset = getattr(service.clock, "offset", None)
+        if offset is not None:
+            yield GaugeMetricFamily(
+                "slotcron_database_clock_offset_seconds",
+                "Database clock minus this machine's clock, as last measured",
+                value=offset.total_seconds(),
+            )

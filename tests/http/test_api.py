@@ -1,0 +1,240 @@
+"""The JSON admin API: the CLI's operator commands over HTTP, with its auth and its refusals."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import pytest
+from yarl import URL
+
+from app import JobContext
+from app.records import execution_json, job_json
+from app.registry import Registry, cron, every
+from app.store.database import Database
+from app.store.history import list_executions
+from app.store.operations import list_jobs
+from tests.conftest import wait_for
+from tests.http.conftest import TOKEN, auth, base_url
+
+YEARLY = "0 0 1 1 *"  # never due during a test: only manual runs happen
+ODD_NAME = "api/odd name"  # a slash and a space: the client must percent-encode it
+CONTRACT_JOB_FIELDS = {"name", "schedule", "timezone", "next_slot", "paused", "last_status"}
+
+
+def api_jobs(seen: list[dict[str, Any]]) -> Registry:
+    registry = Registry()
+
+    @cron(YEARLY, name="api.manual", registry=registry)
+    async def manual(ctx: JobContext) -> None:
+        seen.append({"id": ctx.execution_id, "trigger": ctx.trigger, "params": ctx.params})
+
+    @cron(YEARLY, name=ODD_NAME, registry=registry)
+    async def odd(ctx: JobContext) -> None:
+        seen.append({"id": ctx.execution_id, "trigger": ctx.trigger, "params": ctx.params})
+
+    @every(seconds=1, name="api.tick", registry=registry)
+    async def tick() -> None:
+        pass
+
+    @every(seconds=1, name="api.broken", registry=registry)
+    async def broken() -> None:
+        raise RuntimeError("broken on purpose")
+
+    return registry
+
+
+async def call(
+    client: aiohttp.ClientSession,
+    method: str,
+    url: str | URL,
+    *,
+    headers: dict[str, str] | None = None,
+    json: Any = None,
+    data: str | bytes | None = None,
+) -> tuple[int, dict[str, Any], aiohttp.typedefs.LooseHeaders]:
+    async with client.request(method, url, headers=headers, json=json, data=data) as response:
+        assert response.content_type == "application/json", await response.text()
+        return response.status, await response.json(), response.headers
+
+
+async def executions(client: aiohttp.ClientSession, url: str, **query: str) -> list[dict[str, Any]]:
+    status, body, _ = await call(client, "GET", URL(f"{url}/api/executions").with_query(query))
+    assert status == 200, body
+    records: list[dict[str, Any]] = body["executions"]
+    return records
+
+
+async def test_reads_list_jobs_executions_and_instances_in_the_cli_shapes_and_page_history(
+    db: Database, serve: Any, client: aiohttp.ClientSession
+) -> None:
+    service = await serve(list(api_jobs([])))
+    url = base_url(service)
+    await wait_for(
+        lambda: _count(client, url, job="api.tick", status="COMPLETED", at_least=4),
+        timeout=10,
+        interval=0.2,
+        what="four completed ticks",
+    )
+    status, body, _ = await call(client, "GET", f"{url}/api/jobs")
+    assert status == 200
+    jobs = {job["name"]: job for job in body["jobs"]}
+    assert set(jobs) == {"api.manual", ODD_NAME, "api.tick", "api.broken"}
+    stored = {
+        r.name: job_json(r) for r in await list_jobs(db, now=service.clock.now(), live_within=60)
+    }
+    for name, job in jobs.items():
+        assert set(job) == set(stored[name]) >= CONTRACT_JOB_FIELDS
+    assert jobs["api.tick"]["paused"] is False
+    assert jobs["api.tick"]["schedule"] and jobs["api.tick"]["next_slot"].endswith("Z")
+    assert jobs["api.broken"]["last_status"] in ("FAILED", "RUNNING")
+
+    first = await executions(client, url, job="api.tick", status="completed", limit="2")
+    status, page, _ = await call(
+        client,
+        "GET",
+        URL(f"{url}/api/executions").with_query(job="api.tick", status="COMPLETED", limit=2),
+    )
+    assert page["limit"] == 2 and page["offset"] == 0 and page["next_offset"] == 2
+    second = await executions(
+        client, url, job="api.tick", status="COMPLETED", limit="2", offset="2"
+    )
+    assert len(first) == len(second) == 2
+    assert {r["job"] for r in first + second} == {"api.tick"}
+    assert {r["status"] for r in first + second} == {"COMPLETED"}
+    slots = [r["scheduled_at"] for r in first + second]
+    assert slots == sorted(slots, reverse=True) and len(set(slots)) == 4  # newest first, no repeat
+    # The same records the CLI's `history --json` prints (finished rows no longer change).
+    stored = {r.id: execution_json(r) for r in await list_executions(db, limit=500)}
+    for record in first + second:
+        assert record == stored[record["id"]]
+
+    failed = await executions(client, url, status="FAILED", job="api.broken")
+    assert failed and "RuntimeError: broken on purpose" in failed[0]["error"]
+
+    status, body, _ = await call(client, "GET", f"{url}/api/instances")
+    assert status == 200
+    (instance,) = body["instances"]
+    assert instance["instance_id"] == service.instance_id
+    assert instance["state"] == "running" and instance["heartbeat_at"].endswith("Z")
+
+
+async def _count(client: aiohttp.ClientSession, url: str, *, at_least: int, **query: str) -> bool:
+    return len(await executions(client, url, limit="100", **query)) >= at_least
+
+
+WRITES = [
+    ("POST", "/api/jobs/api.manual/trigger"),
+    ("POST", "/api/jobs/api.manual/pause"),
+    ("POST", "/api/jobs/api.manual/resume"),
+    ("POST", "/api/executions/1/restart"),
+]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_with_no_admin_token_configured_every_write_is_refused_and_reads_are_open(
+    serve: Any, client: aiohttp.ClientSession
+) -> None:
+    service = await serve(list(api_jobs([])))
+    url = base_url(service)
+    for method, path in WRITES:
+        for headers in (None, auth("anything")):
+            status, body, _ = await call(client, method, f"{url}{path}", headers=headers)
+            assert status == 403, (path, body)
+            assert "SCHEDULER_ADMIN_TOKEN" in body["error"]
+    for path in ("/api/jobs", "/api/executions", "/api/instances"):
+        assert (await call(client, "GET", f"{url}{path}"))[0] == 200
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_with_a_token_writes_and_reads_need_it_401_without_403_with_a_wrong_one(
+    serve: Any, client: aiohttp.ClientSession
+) -> None:
+    service = await serve(list(api_jobs([])), admin_token=TOKEN)
+    url = base_url(service)
+    requests = [*WRITES, ("GET", "/api/jobs"), ("GET", "/api/executions")]
+    for method, path in requests:
+        for headers in (None, {"Authorization": f"Basic {TOKEN}"}, {"Authorization": "Bearer"}):
+            status, body, response_headers = await call(
+                client, method, f"{url}{path}", headers=headers
+            )
+            assert status == 401, (path, headers, body)
+            assert response_headers["WWW-Authenticate"].startswith("Bearer")
+        for wrong in ("nope", TOKEN[:-1], TOKEN + "x"):
+            status, body, _ = await call(client, method, f"{url}{path}", headers=auth(wrong))
+            assert status == 403, (path, wrong, body)
+            assert body == {"error": "wrong admin token"}
+    status, body, _ = await call(client, "GET", f"{url}/api/jobs", headers=auth())
+    assert status == 200 and body["jobs"]
+    status, body, _ = await call(client, "POST", f"{url}/api/jobs/api.manual/pause", headers=auth())
+    assert (status, body) == (200, {"job": "api.manual", "paused": True, "changed": True})
+    # What holds no job data stays open: probes, metrics, the dashboard.
+    for path in ("/healthz", "/readyz", "/metrics", "/", "/dashboard.js", "/dashboard.css"):
+        async with client.get(f"{url}{path}") as response:
+            assert response.status == 200, path
+
+
+async def test_trigger_pause_resume_and_restart_act_as_the_cli_commands_do(
+    serve: Any, client: aiohttp.ClientSession
+) -> None:
+    seen: list[dict[str, Any]] = []
+    service = await serve(list(api_jobs(seen)), admin_token=TOKEN)
+    url = base_url(service)
+
+    status, queued, _ = await call(
+        client,
+        "POST",
+        f"{url}/api/jobs/api.manual/trigger",
+        headers=auth(),
+        json={"params": {"who": "ops", "n": 3}},
+    )
+    assert status == 202, queued
+    assert queued["job"] == "api.manual" and queued["trigger"] == "manual"
+    assert queued["status"] == "QUEUED" and queued["attempt"] == 1
+    await wait_for(lambda: any(s["id"] == queued["execution_id"] for s in seen), what="the run")
+    assert {
+        "id": queued["execution_id"],
+        "trigger": "manual",
+        "params": {"who": "ops", "n": 3},
+    } in seen
+
+    odd = URL(f"{url}/api/jobs/{quote(ODD_NAME, safe='')}/trigger", encoded=True)
+    status, body, _ = await call(client, "POST", odd, headers=auth())
+    assert status == 202 and body["job"] == ODD_NAME, body
+
+    pause = f"{url}/api/jobs/api.tick/pause"
+    status, body, _ = await call(client, "POST", pause, headers=auth(), json={"reason": "upgrade"})
+    assert (status, body) == (200, {"job": "api.tick", "paused": True, "changed": True})
+    status, body, _ = await call(client, "POST", pause, headers=auth())
+    assert body["changed"] is False
+    jobs = {
+        j["name"]: j
+        for j in (await call(client, "GET", f"{url}/api/jobs", headers=auth()))[1]["jobs"]
+    }
+    assert jobs["api.tick"]["paused"] is True and jobs["api.tick"]["paused_reason"] == "upgrade"
+    status, body, _ = await call(client, "POST", f"{url}/api/jobs/api.tick/resume", headers=auth())
+    assert (status, body) == (200, {"job": "api.tick", "paused": False, "changed": True})
+
+    async def first(status: str, job: str) -> dict[str, Any] | None:
+        _, page, _ = await call(
+            client,
+            "GET",
+            URL(f"{url}/api/executions").with_query(job=job, status=status),
+            headers=auth(),
+        )
+        return page["executions"][-1] if page["executions"] else None
+
+    failed = await wait_for(lambda: first("FAILED", "api.broken"), what="a failed run")
+    status, body, _ = await call(
+        client, "POST", f"{url}/api/executions/{failed['id']}/restart", headers=auth()
+    )
+    assert status == 202, body
+    assert (body["job"], body["attempt"], body["trigger"]) == ("api.broken", 2, "restart")
+    assert body["scheduled_at"] == failed["scheduled_at"]
+
+    completed = await wait_for(lambda: first("COMPLETED", "api.tick"), what="a completed run")
+    status, body, _ = await call(
+        client, "POST", f"{url}/api/executions/{completed['id']}/restart", headers=auth()
+    )
+    assert status == 409 and "never runs again" in body["error"], body

@@ -1,0 +1,262 @@
+"""Claiming a burst together, and recording outcomes together, on every backend: the same
+decisions as one claim at a time, nothing dropped when another claimer holds a row."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import select, text, update
+
+from app import JobContext
+from app.claims import Claimer
+from app.clock import ManualClock, SystemClock
+from app.errors import RowBusy
+from app.outage import Outage
+from app.registry import Registry, cron
+from app.store import claims as claim_store
+from app.store import registrations
+from app.store import runs as run_store
+from app.store.claims import Due
+from app.store.database import Database
+from app.store.registrations import JobRow
+from app.store.tables import executions, jobs
+from tests.conftest import ServiceFactory, wait_for
+
+SLOT = datetime(2026, 11, 22, 0, 10, tzinfo=UTC)
+NOW = SLOT + timedelta(milliseconds=3)
+NEXT = SLOT + timedelta(minutes=1)
+
+
+async def register(db: Database, names: list[str]) -> None:
+    rows = [
+        JobRow(name=n, kind="cron", schedule="* * * * *", timezone="UTC", options={}) for n in names
+    ]
+    await registrations.register_jobs(db, rows, now=NOW, instance_id="test", version="test")
+
+
+def due(name: str, slot: datetime = SLOT, forbid: bool = True) -> Due:
+    return Due(
+        job_name=name,
+        slot=slot,
+        following=slot + timedelta(minutes=1),
+        trigger="cron",
+        lease_ms=60_000,
+        forbid_overlap=forbid,
+    )
+
+
+async def recorded(db: Database) -> dict[tuple[str, str], tuple[str, str | None]]:
+    async with db.read() as conn:
+        rows = await conn.execute(select(executions))
+        return {(r.job_name, r.scheduled_at.isoformat()): (r.status, r.error) for r in rows}
+
+
+async def high_water(db: Database) -> dict[str, tuple[datetime | None, datetime | None]]:
+    async with db.read() as conn:
+        rows = await conn.execute(select(jobs.c.name, jobs.c.last_slot_at, jobs.c.next_slot_at))
+        return {r.name: (r.last_slot_at, r.next_slot_at) for r in rows}
+
+
+async def test_a_batch_decides_each_job_by_the_rules_of_a_single_claim(db: Database) -> None:
+    names = ["open", "paused", "overlapping", "taken", "gap", "allow"]
+    await register(db, names)
+    async with db.transaction() as conn:
+        await conn.execute(
+            update(jobs).where(jobs.c.name == "paused").values(paused=True, paused_reason="ops")
+        )
+    # "overlapping" has a run from the previous slot still holding its lease; "taken" was
+    # already decided by someone else; "gap" expects a slot before this one.
+    before = await claim_store.claim_many(
+        db,
+        [due("overlapping", SLOT - timedelta(minutes=1)), due("taken", SLOT)],
+        instance_id="other",
+        now=NOW - timedelta(seconds=30),  # its lease (60 s) is still live at NOW
+    )
+    assert {c.status for c in before.claims.values()} == {"RUNNING"}
+    async with db.transaction() as conn:
+        await conn.execute(
+            update(jobs)
+            .where(jobs.c.name == "gap")
+            .values(next_slot_at=SLOT - timedelta(minutes=2))
+        )
+
+    decided = await claim_store.claim_many(
+        db,
+        [due(n, forbid=n != "allow") for n in names],
+        instance_id="me",
+        now=NOW,
+    )
+
+    assert {n: c.status for n, c in decided.claims.items()} == {
+        "open": "RUNNING",
+        "allow": "RUNNING",
+        "paused": "SKIPPED",
+        "overlapping": "SKIPPED",
+    }
+    assert decided.claims["paused"].reason == "job is paused: ops"
+    assert "still running on other" in (decided.claims["overlapping"].reason or "")
+    assert decided.claims["open"].lease_until == NOW + timedelta(seconds=60)
+    assert decided.taken == {"taken"}
+    assert [i.job_name for i in decided.undecided] == ["gap"]
+    assert decided.held == []
+    rows = await recorded(db)
+    slot = SLOT.isoformat()
+    assert rows[("open", slot)] == ("RUNNING", None)
+    assert rows[("paused", slot)][0] == "SKIPPED"
+    assert rows[("overlapping", slot)][0] == "SKIPPED"
+    assert ("gap", slot) not in rows
+    assert rows[("taken", slot)] == ("RUNNING", None)  # the other instance's run, untouched
+    marks = await high_water(db)
+    for name in ("open", "allow", "paused", "overlapping"):
+        assert marks[name] == (SLOT, NEXT), name
+    assert marks["gap"] == (None, SLOT - timedelta(minutes=2))
+    # Each claim's id is the id of its own row.
+    async with db.read() as conn:
+        ids = dict(
+            (
+                await conn.execute(
+                    select(executions.c.job_name, executions.c.id).where(
+                        executions.c.instance_id == "me"
+                    )
+                )
+            ).all()
+        )
+    assert {n: c.execution_id for n, c in decided.claims.items()} == ids
+
+
+async def test_a_batch_naming_an_unregistered_job_records_nothing(db: Database) -> None:
+    await register(db, ["known"])
+    with pytest.raises(LookupError, match="ghost"):
+        await claim_store.claim_many(db, [due("known"), due("ghost")], instance_id="me", now=NOW)
+    assert await recorded(db) == {}
+
+
+async def test_rows_another_claimer_holds_are_handed_back_undecided(
+    db: Database, backend: str
+) -> None:
+    await register(db, ["free", "held"])
+    async with db.engine.connect() as conn:
+        if backend == "sqlite":
+            async with conn.begin():  # the whole database is the lock
+                with pytest.raises(RowBusy):
+                    await claim_store.claim_many(
+                        db, [due("free"), due("held")], instance_id="me", now=NOW
+                    )
+            return
+        async with conn.begin():
+            await conn.execute(
+                text("SELECT name FROM scheduler_jobs WHERE name = 'held' FOR UPDATE")
+            )
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            decided = await claim_store.claim_many(
+                db, [due("free"), due("held")], instance_id="me", now=NOW
+            )
+            waited = loop.time() - started
+    assert waited < 1.0, f"the batch waited {waited:.2f} s for a held row"
+    assert set(decided.claims) == {"free"}
+    assert [i.job_name for i in decided.held] == ["held"]
+    assert set(await recorded(db)) == {("free", SLOT.isoformat())}
+
+
+async def test_two_claimers_racing_for_a_burst_decide_each_slot_once(db: Database) -> None:
+    names = [f"job-{i}" for i in range(300)]
+    await register(db, names)
+
+    def claimer(instance: str) -> Claimer:
+        return Claimer(
+            db=db, clock=SystemClock(), instance_id=instance, default_lease=60, outage=Outage()
+        )
+
+    a, b = claimer("a"), claimer("b")
+    items = [due(n) for n in names]
+    give_up_at = datetime.now(UTC) + timedelta(seconds=30)
+    first, second = await asyncio.gather(
+        a.claim_many(items, give_up_at=give_up_at),
+        b.claim_many(list(reversed(items)), give_up_at=give_up_at),
+    )
+    assert not set(first.claims) & set(second.claims)
+    # Whatever neither decided in the batch was handed back for one-by-one claims.
+    decided = set(first.claims) | set(second.claims)
+    handed_back = {i.job_name for i in first.held + second.held}
+    assert decided | handed_back == set(names)
+    assert len(await recorded(db)) == len(decided)
+
+
+async def test_a_burst_with_a_held_row_still_runs_every_slot_once(
+    db: Database, backend: str, start_service: ServiceFactory
+) -> None:
+    """A row held while the burst is claimed is claimed on its own once free: not dropped."""
+    if backend == "sqlite":
+        pytest.skip("SQLite has no row locks: its claims queue for the database-wide lock")
+    registry = Registry()
+    ran: list[str] = []
+
+    def make(i: int) -> None:
+        @cron("*/10 * * * * *", name=f"burst-{i}", registry=registry)
+        async def job(ctx: JobContext) -> None:
+            ran.append(ctx.job)
+
+    for i in range(40):
+        make(i)
+    t0 = datetime(2026, 11, 22, 0, 0, 5, tzinfo=UTC)
+    clock = ManualClock(t0)
+    service = await start_service(list(registry), clock=clock)
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        async with db.engine.connect() as conn, conn.begin():
+            await conn.execute(
+                text("SELECT name FROM scheduler_jobs WHERE name = 'burst-7' FOR UPDATE")
+            )
+            held.set()
+            await release.wait()
+
+    holder = asyncio.create_task(hold())
+    await held.wait()
+    await clock.set(t0 + timedelta(seconds=5))
+    await wait_for(lambda: len(ran) == 39, what="every job but the held one to run")
+    assert "burst-7" not in ran
+    release.set()
+    await holder
+    await wait_for(lambda: len(ran) == 40, what="the held job to run once free")
+    assert sorted(ran) == sorted(f"burst-{i}" for i in range(40))
+    assert service.claimer.stats.busy_retries > 0
+    rows = await recorded(db)
+    assert len(rows) == 40
+
+
+async def test_outcomes_recorded_together_touch_only_this_instances_running_runs(
+    db: Database,
+) -> None:
+    await register(db, ["mine", "also-mine", "theirs", "abandoned"])
+    mine = await claim_store.claim_many(
+        db, [due("mine"), due("also-mine"), due("abandoned")], instance_id="me", now=NOW
+    )
+    theirs = await claim_store.claim_many(db, [due("theirs")], instance_id="them", now=NOW)
+    abandoned = mine.claims["abandoned"].execution_id
+    async with db.transaction() as conn:
+        await conn.execute(
+            update(executions).where(executions.c.id == abandoned).values(status="ABANDONED")
+        )
+    ids = {name: c.execution_id for name, c in {**mine.claims, **theirs.claims}.items()}
+    done = await run_store.finish_many(
+        db,
+        [
+            (ids["mine"], "COMPLETED", None),
+            (ids["also-mine"], "FAILED", "boom"),
+            (ids["theirs"], "COMPLETED", None),
+            (abandoned, "COMPLETED", None),
+        ],
+        instance_id="me",
+        now=NOW + timedelta(seconds=1),
+    )
+    assert done == {ids["mine"], ids["also-mine"]}
+    rows = await recorded(db)
+    slot = SLOT.isoformat()
+    assert rows[("mine", slot)] == ("COMPLETED", None)
+    assert rows[("also-mine", slot)] == ("FAILED", "boom")
+    assert rows[("theirs", slot)] == ("RUNNING", None)
+    assert rows[("abandoned", slot)][0] == "ABANDONED"
