@@ -38,9 +38,11 @@ def record(event: str, **values: Any) -> None:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
+    """The complete lines: one being appended as we read has no newline yet and waits."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    complete, _, _ = path.read_text().rpartition("\n")
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -69,6 +69,20 @@ def in_flight(records: list[dict[str, Any]]) -> Counter[str]:
     )
 
 
+async def busy_instance(
+    live: dict[str, Instance], leader_base: str | None, records_path: Path
+) -> str:
+    deadline = time.monotonic() + 3  # every second's runs start within it
+    while True:
+        busy = in_flight(read_records(records_path))
+        running = [b for b in sorted(live) if busy[live[b].name]]
+        preferred = [b for b in running if b != leader_base] or running
+        if preferred:
+            return max(preferred, key=lambda b: busy[live[b].name])
+        assert time.monotonic() < deadline, "no instance had a run in flight for 3 s"
+        await asyncio.sleep(0.01)
+
+
 async def test_instances_killed_and_restarted_lose_no_slot_and_run_none_twice(
     db: Database, spawn: Spawn, records_path: Path
 ) -> None:
@@ -97,13 +111,11 @@ async def test_instances_killed_and_restarted_lose_no_slot_and_run_none_twice(
             if len(kills) % 2 == 0 and leader_base is not None:
                 base = leader_base
             else:
-                # The one with the most runs in flight: a burst's slots are claimed together,
-                # often all by one instance, and a kill of an idle one would test nothing.
-                busy = in_flight(read_records(records_path))
-                base = max(
-                    (b for b in sorted(live) if b != leader_base),
-                    key=lambda b: busy[live[b].name],
-                )
+                # An instance with runs in flight: a second's slots are claimed together, often
+                # all by one instance, and its runs end within the second, so a kill of an idle
+                # one (or at the wrong moment) would test nothing. Wait for one, preferring a
+                # non-leader; the leader is the fallback when it claims everything.
+                base = await busy_instance(live, leader_base, records_path)
             victim = live[base]
             kills.append(Kill(victim.name, victim.pid, time.time(), base == leader_base))
             victim.kill()  # SIGKILL
