@@ -169,6 +169,7 @@ class Claimer:
             result.claims.update(decided.claims)
             result.taken |= decided.taken
             result.undecided += decided.undecided
+            result.deferred += decided.deferred
             pending = decided.held
             if not pending:
                 break

@@ -113,10 +113,15 @@ class Runner:
         self._finishing = Finishing(self)
         self._loggers: dict[str, logging.Logger] = {}
         self._completed_lines = LineQuota(COMPLETED_LINES_PER_SECOND)
+        self._gates: dict[datetime, asyncio.Event] = {}
+        self._openers: set[asyncio.Task[None]] = set()
 
-    async def run(self, job: Job, claim: Claim) -> str | None:
+    async def run(self, job: Job, claim: Claim, start_at: datetime | None = None) -> str | None:
         """Run a ``RUNNING`` claim to its end and record the outcome; return the status recorded
-        (None when the record was no longer ours: fenced, or taken over)."""
+        (None when the record was no longer ours: fenced, or taken over).
+
+        A slot claimed ahead of its time starts at ``start_at`` by the scheduler's clock; it is
+        in flight meanwhile (its lease renewed, shutdown waits for it or stops it)."""
         assert claim.lease_until is not None and claim.lease_ms is not None
         handle = RunHandle(
             claim=claim,
@@ -130,7 +135,7 @@ class Runner:
         # (a write retried through an outage must not see it ABANDONED), and shutdown waits
         # for the write before it closes the database.
         try:
-            status, error = await self._execute(job, claim, handle)
+            status, error = await self._execute(job, claim, handle, start_at)
             handle.finishing = True
             self.metrics.run_finished(job.name, status or "FENCED", handle.began)
             if status is None:
@@ -152,7 +157,7 @@ class Runner:
         return status if recorded else None
 
     async def _execute(
-        self, job: Job, claim: Claim, handle: RunHandle
+        self, job: Job, claim: Claim, handle: RunHandle, start_at: datetime | None
     ) -> tuple[str | None, str | None]:
         ctx = JobContext(
             job=job.name,
@@ -170,6 +175,8 @@ class Runner:
         )
         timeout: asyncio.Timeout | None = None
         try:
+            if start_at is not None:
+                await self._gate(start_at).wait()
             if job.jitter:
                 await self.clock.sleep(random.uniform(0, job.jitter))
             if log.isEnabledFor(logging.DEBUG):
@@ -202,6 +209,25 @@ class Runner:
         except BaseException:  # a job's own SystemExit/KeyboardInterrupt must not kill the service
             return "FAILED", traceback.format_exc()
         return "COMPLETED", None
+
+    def _gate(self, when: datetime) -> asyncio.Event:
+        """One gate per start time, opened by one sleeper: a thousand runs claimed ahead of
+        the same slot cost one timer, not a thousand (each liable to wake a hair early)."""
+        gate = self._gates.get(when)
+        if gate is None:
+            gate = self._gates[when] = asyncio.Event()
+
+            async def open_at() -> None:
+                try:
+                    await self.clock.sleep_until(when)
+                    gate.set()
+                finally:
+                    del self._gates[when]
+
+            opener = asyncio.create_task(open_at(), name="slotcron-start-gate")
+            self._openers.add(opener)
+            opener.add_done_callback(self._openers.discard)
+        return gate
 
     def _job_logger(self, name: str) -> logging.Logger:
         logger = self._loggers.get(name)

@@ -137,7 +137,7 @@ class Service:
                 log.info("database migrated from %s to %s", before or "empty", after)
         else:
             current = await migrate.current_revision(self.db.engine)
-            head = migrate.head_revision()
+            head = migrate.HEAD
             if current != head:
                 raise ConfigError(
                     "SCHEDULER_AUTO_MIGRATE",

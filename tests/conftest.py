@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import func, select
 
 from app.config import Settings
 from app.registry import Job
 from app.service import Service
 from app.store import migrate
 from app.store.database import Database
+from app.store.tables import executions
 from tests import backends
 from tests.cluster.harness import Instance
 
@@ -126,6 +128,21 @@ async def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
         await asyncio.sleep(interval)
+
+
+async def outcomes_written(db: Database) -> None:
+    """Wait until no execution is RUNNING: a job has returned, and its outcome is recorded.
+    A test moving the clock on before then races the write (a forbid job's next slot would
+    find the lease still held)."""
+
+    async def settled() -> bool:
+        async with db.read() as conn:
+            running = await conn.scalar(
+                select(func.count()).select_from(executions).where(executions.c.status == "RUNNING")
+            )
+        return running == 0
+
+    await wait_for(settled, what="every outcome written")
 
 
 Spawn = Callable[..., Instance]

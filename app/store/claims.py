@@ -84,7 +84,7 @@ def _batch(dialect: Dialect) -> _Batch:
         literal(1, Integer()),
         bindparam("p_instance", type_=String()),
         now,
-        now,
+        bindparam("p_started", type_=UTCDateTime()),
         now,
         bindparam("p_lease_until", type_=UTCDateTime()),
         bindparam("p_lease_ms", type_=Integer()),
@@ -255,6 +255,9 @@ class Decided:
     """Already decided by someone else: the slot is closed."""
     held: list[Due] = field(default_factory=list)
     """Rows another claimer held at that moment: not decided, to be tried again."""
+    deferred: list[Due] = field(default_factory=list)
+    """Claimed ahead of their time while a run still held the job's lease (``forbid``): not
+    decided, to be claimed when their time comes (the run may have ended by then)."""
     undecided: list[Due] = field(default_factory=list)
     """Slots before this one were never decided: for the misfire path, one job at a time."""
 
@@ -265,7 +268,11 @@ async def claim_many(db: Database, items: list[Due], *, instance_id: str, now: d
     Round trips do not grow with the batch: lock the rows (skipping held ones), read the live
     leases of ``forbid`` jobs, insert the runs (one statement per slot and lease length), the
     slots not run, and advance the jobs. Raises :class:`RowBusy` only where the whole database
-    is one lock (SQLite)."""
+    is one lock (SQLite).
+
+    A slot may be claimed ahead of its time (``now`` before it): its run is recorded as starting
+    at the slot, and a ``forbid`` job whose lease is still held is deferred rather than
+    ``SKIPPED``, since overlap is judged when the slot comes."""
     decided = Decided()
     by_name = {item.job_name: item for item in items}
     sql = _batch(db.dialect)
@@ -306,6 +313,9 @@ async def claim_many(db: Database, items: list[Due], *, instance_id: str, now: d
                         f": {row.paused_reason}" if row.paused_reason else ""
                     )
                     not_run.append((item, "SKIPPED", reason))
+                elif name in holders and item.slot > now:
+                    decided.deferred.append(item)
+                    continue
                 elif name in holders:
                     holder = holders[name]
                     not_run.append(
@@ -329,6 +339,7 @@ async def claim_many(db: Database, items: list[Due], *, instance_id: str, now: d
                         "p_trigger": trigger,
                         "p_instance": instance_id,
                         "p_now": now,
+                        "p_started": max(now, slot),
                         "p_lease_until": now + timedelta(milliseconds=lease_ms),
                         "p_lease_ms": lease_ms,
                         "p_params": {},
@@ -434,6 +445,7 @@ async def rehearse(conn: AsyncConnection, dialect: Dialect) -> None:
             "p_trigger": "cron",
             "p_instance": "",
             "p_now": epoch,
+            "p_started": epoch,
             "p_lease_until": epoch,
             "p_lease_ms": 0,
             "p_params": {},

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select, text, update
 
-from app import JobContext
+from app import JobContext, scheduler
 from app.claims import Claimer
 from app.clock import ManualClock, SystemClock
 from app.errors import RowBusy
@@ -124,6 +124,79 @@ async def test_a_batch_decides_each_job_by_the_rules_of_a_single_claim(db: Datab
             ).all()
         )
     assert {n: c.execution_id for n, c in decided.claims.items()} == ids
+
+
+async def test_a_slot_claimed_ahead_starts_at_its_time_and_defers_a_held_lease(
+    db: Database,
+) -> None:
+    """Claimed before its time, a run is recorded as starting at its slot; a forbid job whose
+    previous run still holds the lease is left undecided, for overlap is judged at the slot."""
+    await register(db, ["ahead", "busy"])
+    await claim_store.claim_many(
+        db, [due("busy", SLOT - timedelta(minutes=1))], instance_id="other", now=NOW
+    )
+    early = SLOT - timedelta(milliseconds=40)
+
+    decided = await claim_store.claim_many(
+        db, [due("ahead"), due("busy")], instance_id="me", now=early
+    )
+
+    assert decided.claims["ahead"].status == "RUNNING"
+    assert decided.claims["ahead"].lease_until == early + timedelta(seconds=60)
+    assert [i.job_name for i in decided.deferred] == ["busy"]
+    assert "busy" not in decided.claims and decided.held == []
+    async with db.read() as conn:
+        row = (await conn.execute(select(executions).where(executions.c.job_name == "ahead"))).one()
+    assert (row.created_at, row.started_at, row.heartbeat_at) == (early, SLOT, early)
+    assert ("busy", SLOT.isoformat()) not in await recorded(db)
+    assert (await high_water(db))["busy"] == (SLOT - timedelta(minutes=1), SLOT)
+    # At its time, the same lease still held: now it is SKIPPED, as a single claim would.
+    at_slot = await claim_store.claim_many(db, [due("busy")], instance_id="me", now=NOW)
+    assert at_slot.claims["busy"].status == "SKIPPED"
+
+
+async def test_jobs_due_together_are_claimed_ahead_and_started_at_their_slot(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    registry = Registry()
+    ran: dict[str, datetime] = {}
+    clock = ManualClock(datetime(2026, 11, 22, 0, 0, 5, tzinfo=UTC))
+    slot = datetime(2026, 11, 22, 0, 0, 10, tzinfo=UTC)
+
+    def make(i: int) -> None:
+        @cron("*/10 * * * * *", name=f"burst-{i}", registry=registry)
+        async def job(ctx: JobContext) -> None:
+            ran[ctx.job] = clock.now()
+
+    for i in range(40):
+        make(i)
+    service = await start_service(list(registry), clock=clock)
+
+    # Inside the lead (its fixed part alone): every slot is claimed, none has started.
+    await clock.set(slot - timedelta(seconds=scheduler.LEAD_BASE / 2))
+
+    async def all_claimed() -> bool:
+        async with db.read() as conn:
+            rows = await conn.execute(
+                select(executions.c.status, executions.c.started_at).where(
+                    executions.c.scheduled_at == slot
+                )
+            )
+            return sum(r.status == "RUNNING" and r.started_at == slot for r in rows) == 40
+
+    await wait_for(all_claimed, what="the burst claimed ahead of its slot")
+    assert ran == {}, "a run started before its slot"
+    assert len(service.runs) == 40  # in flight: leases renewed, shutdown waits for them
+
+    await clock.set(slot)
+    await wait_for(lambda: len(ran) == 40, what="every run at its slot")
+    assert set(ran.values()) == {slot}
+
+    async def completed() -> bool:
+        rows = await recorded(db)
+        return [status for status, _ in rows.values()] == ["COMPLETED"] * 40
+
+    await wait_for(completed, what="every outcome written")
 
 
 async def test_a_batch_naming_an_unregistered_job_records_nothing(db: Database) -> None:

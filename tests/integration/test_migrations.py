@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import IntegrityError
 
 from app.store.database import Database
-from app.store.migrate import head_revision
+from app.store.migrate import HEAD, head_revision
 from app.store.tables import executions, jobs, metadata
 
 T = TypeVar("T")
@@ -181,6 +181,41 @@ def test_migrating_a_database_already_at_head_changes_nothing(
         empty_db_url, lambda conn: list(conn.execute(select(jobs.c.name)).scalars())
     )
     assert names == ["kept"]
+
+
+def test_head_is_the_newest_revision_of_the_migrations() -> None:
+    """HEAD is what lets a service skip Alembic: a new migration must move it too."""
+    assert head_revision() == HEAD
+
+
+def test_a_service_on_a_migrated_database_never_loads_alembic(
+    empty_db_url: str, tmp_path: Path
+) -> None:
+    migrate(empty_db_url, tmp_path)
+    probe = (
+        "import asyncio, sys\n"
+        "from sqlalchemy.engine import make_url\n"
+        "from app.store import migrate\n"
+        "from app.store.database import Database\n"
+        "async def main():\n"
+        "    db = Database.connect(make_url(sys.argv[1]), 1)\n"
+        "    try:\n"
+        "        print(await migrate.upgrade(db.engine, db.dialect))\n"
+        "    finally:\n"
+        "        await db.close()\n"
+        "asyncio.run(main())\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))\n"
+    )
+    done = subprocess.run(
+        ["python", "-c", probe, empty_db_url],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"('{HEAD}', '{HEAD}')", "[]"]
 
 
 def test_migrate_sql_prints_the_schema_and_leaves_the_database_untouched(

@@ -12,7 +12,7 @@ from app.clock import ManualClock
 from app.registry import Registry, every
 from app.store.database import Database
 from app.store.tables import executions
-from tests.conftest import ServiceFactory, wait_for
+from tests.conftest import ServiceFactory, outcomes_written, wait_for
 
 T0 = datetime(2026, 11, 22, 0, 0, 0, 500_000, tzinfo=UTC)
 
@@ -49,6 +49,7 @@ async def test_slots_reached_late_are_accounted_for_by_the_misfire_policy(
     await start_service(list(registry), clock=clock)
     await clock.set(T0 + timedelta(seconds=10))
     await wait_for(lambda: len(ran) == 1, what="the on-time slot :10")
+    await outcomes_written(db)
     # The instance stalls 35 s: :20 and :30 are past their grace (one period), :40 is not.
     await clock.set(T0 + timedelta(seconds=45))
     want = {
@@ -127,6 +128,7 @@ async def test_many_jobs_reached_late_are_recorded_missed_together_in_order(
     service = await start_service(list(registry), clock=clock)
     await clock.set(T0 + timedelta(seconds=10))
     await wait_for(lambda: len(ran) == 30, what="the on-time slot :10 of every job")
+    await outcomes_written(db)
     batches = service.claimer.stats.batches
     await clock.set(T0 + timedelta(seconds=45))  # :20 and :30 are past their grace, :40 is not
 

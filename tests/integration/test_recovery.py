@@ -14,7 +14,7 @@ from app.registry import Registry, cron, every
 from app.store import leadership
 from app.store.database import Database
 from app.store.tables import executions
-from tests.conftest import ServiceFactory, wait_for
+from tests.conftest import ServiceFactory, outcomes_written, wait_for
 from tests.integration.test_claims import hold_job_row
 
 T0 = datetime(2026, 11, 22, 0, 0, 0, 500_000, tzinfo=UTC)
@@ -178,6 +178,7 @@ async def test_a_slot_whose_claim_gave_up_is_recorded_when_the_next_one_is_claim
     service = await start_service(list(registry), clock=clock)
     await clock.set(T0 + timedelta(seconds=10))
     await wait_for(lambda: len(ran) == 1, what="slot :10")
+    await outcomes_written(db)
     # The job's row stays locked (as in an outage) until :20 is past its grace (10 s).
     held, release = asyncio.Event(), asyncio.Event()
     holder = asyncio.create_task(hold_job_row(db, backend, held, release))
