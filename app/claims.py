@@ -29,9 +29,12 @@ BUSY_DEADLINE = 30.0
 """Seconds a claimer keeps retrying a busy row before leaving the slot to the misfire policy."""
 
 
-HELD_RETRIES = 4
-"""Times a batch tries rows another claimer held again, together, before each remaining one is
-retried on its own (with NOWAIT) by :meth:`Claimer.claim`."""
+HELD_TOGETHER = 0.5
+"""Of the time a batch has until it gives up, the part it spends retrying rows another claimer
+held together (re-reading first which are still open), before each remaining one is retried on
+its own (with NOWAIT) by :meth:`Claimer.claim`. Another instance's chunk holds its rows for tens
+of milliseconds, hundreds under load: thousands of claims one by one would fall behind."""
+HELD_TRIES_MAX = 100
 
 
 @dataclass
@@ -144,6 +147,8 @@ class Claimer:
         pending = items
         tries = 0
         delay = 0.05
+        start = self.clock.now()
+        together_until = start + (give_up_at - start) * HELD_TOGETHER
         while pending and not self.closing:
             try:
                 decided = await claim_store.claim_many(
@@ -169,17 +174,18 @@ class Claimer:
             result.claims.update(decided.claims)
             result.taken |= decided.taken
             result.undecided += decided.undecided
+            result.expected.update(decided.expected)
             result.deferred += decided.deferred
             pending = decided.held
             if not pending:
                 break
             tries += 1
-            if tries > HELD_RETRIES or self.clock.now() > give_up_at:
+            if self.clock.now() > together_until or tries > HELD_TRIES_MAX:
                 break
-            # Held by another claimer: its transaction is a few milliseconds long. Retry
-            # together; the ones it decided meanwhile are simply closed.
+            # Held by another claimer, whose transaction is short. Retry together; the ones it
+            # decided meanwhile are simply closed.
             self.stats.busy_retries += len(pending)
-            await asyncio.sleep(random.uniform(0.002, 0.006) * tries)
+            await asyncio.sleep(min(random.uniform(0.002, 0.006) * tries, 0.05))
             try:
                 open_ = await claim_store.still_open(self.db, pending)
             except DB_ERRORS:

@@ -149,6 +149,9 @@ class System:
             proc.stop()
 
 
+JOBS_MODULE = os.environ.get("BENCH_JOBS_MODULE", "bench.jobs")  # an instrumented copy, say
+
+
 class Slotcron(System):
     name = "slotcron"
 
@@ -170,10 +173,11 @@ class Slotcron(System):
             "BENCH_JOBS": str(jobs),
             "BENCH_CRON": expression,
             "BENCH_OUT": str(self.workdir / f"{name}.starts"),
+            # As APScheduler's max_concurrent_jobs below: every job due at once may run at once.
+            "SCHEDULER_MAX_CONCURRENCY": str(max(jobs, 1000)),
         }
-        return self._spawn(
-            name, [sys.executable, "-m", "app", "run", "--jobs", "bench.jobs"], env, ready=False
-        )
+        argv = [sys.executable, "-m", "app", "run", "--jobs", JOBS_MODULE]
+        return self._spawn(name, argv, env, ready=False)
 
 
 class APScheduler(System):

@@ -259,7 +259,9 @@ class Decided:
     """Claimed ahead of their time while a run still held the job's lease (``forbid``): not
     decided, to be claimed when their time comes (the run may have ended by then)."""
     undecided: list[Due] = field(default_factory=list)
-    """Slots before this one were never decided: for the misfire path, one job at a time."""
+    """Slots before this one were never decided: for the misfire path first."""
+    expected: dict[str, datetime] = field(default_factory=dict)
+    """Of each ``undecided`` job, the first slot never decided."""
 
 
 async def claim_many(db: Database, items: list[Due], *, instance_id: str, now: datetime) -> Decided:
@@ -305,6 +307,7 @@ async def claim_many(db: Database, items: list[Due], *, instance_id: str, now: d
                     continue
                 if item.check_gap and row.next_slot_at is not None and row.next_slot_at < item.slot:
                     decided.undecided.append(item)
+                    decided.expected[name] = row.next_slot_at
                     continue
                 if item.missed_reason is not None:
                     not_run.append((item, "MISSED", item.missed_reason))

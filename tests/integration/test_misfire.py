@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app import JobContext
 from app.clock import ManualClock
 from app.registry import Registry, every
 from app.store.database import Database
-from app.store.tables import executions
+from app.store.tables import executions, jobs
 from tests.conftest import ServiceFactory, outcomes_written, wait_for
 
 T0 = datetime(2026, 11, 22, 0, 0, 0, 500_000, tzinfo=UTC)
@@ -155,3 +155,40 @@ async def test_many_jobs_reached_late_are_recorded_missed_together_in_order(
         assert [r.scheduled_at.isoformat() for r in mine] == [at(20), at(30)]
     # Two rounds of 30 and one burst of 30: three transactions, not ninety.
     assert service.claimer.stats.batches - batches == 3
+
+
+async def test_slots_never_decided_before_a_burst_are_recorded_missed_together(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    """A burst whose jobs have older slots nobody decided (claims that gave up under
+    overload) records those MISSED in a few transactions, then runs the burst."""
+    registry = Registry()
+    ran: list[str] = []
+
+    def make(i: int) -> None:
+        @every(seconds=10, name=f"gap-{i}", registry=registry)
+        async def job(ctx: JobContext) -> None:
+            ran.append(ctx.job)
+
+    for i in range(30):
+        make(i)
+    clock = ManualClock(T0)
+    service = await start_service(list(registry), clock=clock)
+    # As if the claims of :-10 and :00 had given up: the jobs still expect :-10.
+    async with db.transaction() as conn:
+        await conn.execute(
+            update(jobs).values(next_slot_at=T0.replace(microsecond=0) - timedelta(seconds=10))
+        )
+    batches = service.claimer.stats.batches
+    await clock.set(T0 + timedelta(seconds=10))
+    await wait_for(lambda: len(ran) == 30, what="the :10 burst to run")
+    await outcomes_written(db)
+    async with db.read() as conn:
+        rows = (await conn.execute(select(executions))).all()
+    by_slot: dict[str, set[str]] = {}
+    for r in rows:
+        by_slot.setdefault(r.scheduled_at.isoformat(), set()).add(r.status)
+    assert by_slot == {at(-10): {"MISSED"}, at(0): {"MISSED"}, at(10): {"COMPLETED"}}
+    assert len(rows) == 90
+    # The burst's first try, two rounds of 30 MISSED, the burst again: not ninety claims.
+    assert service.claimer.stats.batches - batches == 4
