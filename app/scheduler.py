@@ -153,9 +153,13 @@ class Scheduler:
         while True:
             await self._sleep_until_due()
             now = self.clock.now()
-            horizon = now + self._lead()  # slots due together are claimed ahead of time
+            horizon = now
+            if self._heap and self._heap[0][0] - self._lead() <= now:
+                horizon = max(now, self._heap[0][0])  # the earliest slot's jobs, claimed ahead
             due: list[tuple[Job, datetime]] = []
+            at_slot: list[tuple[Job, datetime]] = []
             missed: list[tuple[Job, list[datetime], datetime]] = []
+            following: list[tuple[Job, datetime]] = []  # pushed after the sweep: once per job
             while self._heap and self._heap[0][0] <= horizon:
                 slot, job = self._pop()
                 schedule = self.schedule_of(job)
@@ -168,8 +172,16 @@ class Scheduler:
                     else:
                         self._spawn(self._misfire(job, late, now, resume), job)
                 else:
-                    due.append((job, slot))
-                    self._push(job, schedule.next_after(slot))
+                    after = schedule.next_after(slot)
+                    following.append((job, after))
+                    # Never more than half its period ahead: its previous slot's run may still
+                    # be deciding (or holding its lease). Such a job is claimed at its slot.
+                    ahead = slot > now and (slot - now) * 2 > after - slot
+                    (at_slot if ahead else due).append((job, slot))
+            for job, after in following:
+                self._push(job, after)
+            for job, slot in at_slot:
+                self._spawn(self._fire(job, slot), job)
             if len(due) == 1:
                 self._spawn(self._fire(*due[0]), due[0][0])
             elif due:
@@ -261,15 +273,25 @@ class Scheduler:
             # What the next burst's lead is sized by: recent bursts weigh most.
             self._claim_cost = min(max(0.7 * self._claim_cost + 0.3 * cost, 5e-6), 1e-3)
 
-    async def _claim_together(self, batch: list[tuple[Job, datetime]]) -> None:
+    async def _claim_together(
+        self, batch: list[tuple[Job, datetime]], *, check_gap: bool = True
+    ) -> None:
         """Claim ``batch`` under capacity permits already taken, one per slot; each permit is
         given back when its slot's run ends, or at once if the slot does not run here."""
-        async with self._claiming_chunks:
-            await self._claim_chunk(batch)
+        try:
+            await self._claiming_chunks.acquire()
+        except BaseException:  # cancelled while waiting its turn (shutdown)
+            for _ in batch:
+                self._capacity.release()
+            raise
+        try:
+            await self._claim_chunk(batch, check_gap)
+        finally:
+            self._claiming_chunks.release()
 
-    async def _claim_chunk(self, batch: list[tuple[Job, datetime]]) -> None:
+    async def _claim_chunk(self, batch: list[tuple[Job, datetime]], check_gap: bool) -> None:
         jobs = {job.name: job for job, _ in batch}
-        items = [self._due(job, slot) for job, slot in batch]
+        items = [self._due(job, slot, check_gap) for job, slot in batch]
         ends: dict[tuple[int, datetime], datetime] = {}  # jobs mostly share a few schedules
         for job, slot in batch:
             schedule = self._schedules[job.name]
@@ -344,7 +366,8 @@ class Scheduler:
             for _ in batch:
                 self._capacity.release()
             raise
-        await self._claim_together(batch)
+        # Their gaps are decided (or were older than catchup_window, passed over): no new check.
+        await self._claim_together(batch, check_gap=False)
 
     async def _miss_together(
         self, missed: list[tuple[Job, list[datetime], datetime]], now: datetime
@@ -399,7 +422,7 @@ class Scheduler:
                         missed_reason=item.missed_reason,
                     )
 
-    def _due(self, job: Job, slot: datetime) -> Due:
+    def _due(self, job: Job, slot: datetime, check_gap: bool = True) -> Due:
         return Due(
             job_name=job.name,
             slot=slot,
@@ -407,6 +430,7 @@ class Scheduler:
             trigger=job.trigger,
             lease_ms=job.lease_ms(self.claimer.default_lease),
             forbid_overlap=job.overlap == "forbid",
+            check_gap=check_gap,
         )
 
     def _start_run(self, job: Job, claim: Claim) -> None:

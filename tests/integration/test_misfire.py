@@ -192,3 +192,66 @@ async def test_slots_never_decided_before_a_burst_are_recorded_missed_together(
     assert len(rows) == 90
     # The burst's first try, two rounds of 30 MISSED, the burst again: not ninety claims.
     assert service.claimer.stats.batches - batches == 4
+
+
+async def test_a_burst_whose_undecided_slots_are_past_the_catchup_window_still_runs(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    """Nothing to record when the gap is older than catchup_window: the burst runs."""
+    registry = Registry()
+    ran: list[str] = []
+
+    def make(i: int) -> None:
+        @every(seconds=10, name=f"old-gap-{i}", catchup_window=5, registry=registry)
+        async def job(ctx: JobContext) -> None:
+            ran.append(ctx.job)
+
+    for i in range(30):
+        make(i)
+    clock = ManualClock(T0)
+    await start_service(list(registry), clock=clock)
+    async with db.transaction() as conn:
+        await conn.execute(update(jobs).values(next_slot_at=T0 - timedelta(minutes=5)))
+    await clock.set(T0 + timedelta(seconds=10))
+    await wait_for(lambda: len(ran) == 30, what="the :10 burst to run")
+    await outcomes_written(db)
+    assert await outcomes(db) == {at(10): ("COMPLETED", "interval")}
+    assert sorted(ran) == sorted(f"old-gap-{i}" for i in range(30))
+
+
+async def test_a_job_faster_than_the_lead_is_claimed_at_its_slots_not_ahead(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    """A burst is claimed ahead of its slot; a job due with it whose period is shorter than
+    twice that lead is claimed at its slot instead: none of its slots is MISSED or doubled."""
+    registry = Registry()
+    ran: list[tuple[str, datetime]] = []
+
+    def make(i: int) -> None:
+        @every(seconds=10, name=f"slow-{i}", registry=registry)
+        async def job(ctx: JobContext) -> None:
+            ran.append((ctx.job, ctx.scheduled_at))
+
+    for i in range(40):
+        make(i)
+
+    @every(seconds=0.02, name="fast", registry=registry)
+    async def fast(ctx: JobContext) -> None:
+        ran.append((ctx.job, ctx.scheduled_at))
+
+    clock = ManualClock(T0 + timedelta(seconds=9.4))  # 00:00:09.900
+    await start_service(list(registry), clock=clock)
+    for step in range(1, 9):  # to 00:00:10.060, one fast slot at a time
+        await clock.set(T0 + timedelta(seconds=9.4 + step * 0.02))
+        await wait_for(
+            lambda n=step: sum(name == "fast" for name, _ in ran) >= n, what=f"fast slot {step}"
+        )
+        await outcomes_written(db)
+    await wait_for(lambda: sum(name != "fast" for name, _ in ran) == 40, what="the burst")
+    await outcomes_written(db)
+    async with db.read() as conn:
+        rows = (await conn.execute(select(executions))).all()
+    assert {r.status for r in rows} == {"COMPLETED"}, [r for r in rows if r.status != "COMPLETED"]
+    slots = [slot for name, slot in ran if name == "fast"]
+    assert len(slots) == len(set(slots)) == 8
+    assert len(ran) == len(rows) == 48
