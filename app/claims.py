@@ -17,7 +17,7 @@ from app.clock import Clock
 from app.errors import RowBusy, SlotTaken
 from app.logs import run_fields
 from app.metrics import Metrics
-from app.outage import DB_ERRORS, Outage
+from app.outage import DB_ERRORS, Backoff, Outage
 from app.registry import Job
 from app.store import claims as claim_store
 from app.store.claims import Claim, Decided, Due
@@ -86,7 +86,7 @@ class Claimer:
         then is left undecided, for the misfire policy to account for."""
         deadline = give_up_at or self.clock.now() + timedelta(seconds=BUSY_DEADLINE)
         busy = 0
-        delay = 0.05
+        backoff = Backoff(jitter=0.5)
         while not self.closing:
             try:
                 claim = await claim_store.claim_slot(
@@ -118,8 +118,7 @@ class Claimer:
                 self.outage.failed(exc, f"claiming {job.name}")
                 if self.clock.now() > deadline:
                     break
-                await asyncio.sleep(delay * random.uniform(0.5, 1.5))
-                delay = min(delay * 2, 2.0)
+                await backoff.wait()
                 continue
             self.outage.recovered()
             self.stats.claims += 1
@@ -146,7 +145,7 @@ class Claimer:
         result = Decided()
         pending = items
         tries = 0
-        delay = 0.05
+        backoff = Backoff(jitter=0.5)
         start = self.clock.now()
         together_until = start + (give_up_at - start) * HELD_TOGETHER
         while pending and not self.closing:
@@ -162,8 +161,7 @@ class Claimer:
                 self.outage.failed(exc, f"claiming {len(pending)} slots")
                 if self.clock.now() > give_up_at:
                     break
-                await asyncio.sleep(delay * random.uniform(0.5, 1.5))
-                delay = min(delay * 2, 2.0)
+                await backoff.wait()
                 continue
             self.outage.recovered()
             self.stats.batches += 1

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import time
 
 import asyncpg
@@ -73,6 +75,22 @@ class Outage:
             )
         self.since = None
         self.failures = 0
+
+
+class Backoff:
+    """The waits between retries through an outage: ``first`` seconds, doubling up to ``cap``.
+    With ``jitter`` (0.5: each wait times 0.5 to 1.5), instances that failed together do not
+    all retry in step."""
+
+    def __init__(self, first: float = 0.05, cap: float = 2.0, jitter: float = 0.0) -> None:
+        self.delay = first
+        self.cap = cap
+        self.jitter = jitter
+
+    async def wait(self) -> None:
+        spread = random.uniform(1 - self.jitter, 1 + self.jitter) if self.jitter else 1.0
+        await asyncio.sleep(self.delay * spread)
+        self.delay = min(self.delay * 2, self.cap)
 
 
 def describe(exc: BaseException) -> str:

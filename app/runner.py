@@ -15,7 +15,7 @@ from app.clock import Clock
 from app.context import JobContext
 from app.logs import run_fields
 from app.metrics import Metrics
-from app.outage import DB_ERRORS, Outage
+from app.outage import DB_ERRORS, Backoff, Outage
 from app.registry import Job
 from app.store import runs as run_store
 from app.store.claims import Claim
@@ -279,7 +279,7 @@ class Runner:
     async def _finish_and_retry(
         self, claim: Claim, status: str, error: str | None, retry_backoff: float
     ) -> bool:
-        delay = 0.05
+        backoff = Backoff()
         while True:
             try:
                 recorded = await run_store.finish(
@@ -293,8 +293,7 @@ class Runner:
                 )
             except DB_ERRORS as exc:
                 self.outage.failed(exc, f"recording the end of execution {claim.execution_id}")
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                await backoff.wait()
                 continue
             self.outage.recovered()
             return recorded
@@ -359,7 +358,7 @@ class Finishing:
         try:
             while self._pending:
                 batch, self._pending = self._pending[: self.LIMIT], self._pending[self.LIMIT :]
-                delay = 0.05
+                backoff = Backoff()
                 while True:
                     try:
                         recorded = await run_store.finish_many(
@@ -370,8 +369,7 @@ class Finishing:
                         )
                     except DB_ERRORS as exc:
                         runner.outage.failed(exc, f"recording the end of {len(batch)} runs")
-                        await asyncio.sleep(delay)
-                        delay = min(delay * 2, 2.0)
+                        await backoff.wait()
                         continue
                     break
                 runner.outage.recovered()

@@ -273,6 +273,11 @@ class Scheduler:
             # What the next burst's lead is sized by: recent bursts weigh most.
             self._claim_cost = min(max(0.7 * self._claim_cost + 0.3 * cost, 5e-6), 1e-3)
 
+    def _give_back(self, permits: int) -> None:
+        """Return capacity permits taken for slots that will not run here after all."""
+        for _ in range(permits):
+            self._capacity.release()
+
     async def _claim_together(
         self, batch: list[tuple[Job, datetime]], *, check_gap: bool = True
     ) -> None:
@@ -281,8 +286,7 @@ class Scheduler:
         try:
             await self._claiming_chunks.acquire()
         except BaseException:  # cancelled while waiting its turn (shutdown)
-            for _ in batch:
-                self._capacity.release()
+            self._give_back(len(batch))
             raise
         try:
             await self._claim_chunk(batch, check_gap)
@@ -301,8 +305,7 @@ class Scheduler:
         try:
             decided = await self.claimer.claim_many(items, give_up_at=give_up_at)
         except BaseException:
-            for _ in batch:
-                self._capacity.release()
+            self._give_back(len(batch))
             raise
         for name, claim in decided.claims.items():
             if claim.status == "RUNNING":
@@ -335,8 +338,7 @@ class Scheduler:
         try:
             await self.clock.sleep_until(max(slot for _, slot in batch))
         except BaseException:
-            for _ in batch:
-                self._capacity.release()
+            self._give_back(len(batch))
             raise
         await self._claim_together(batch)
 
@@ -363,8 +365,7 @@ class Scheduler:
                     len(missed),
                 )
         except BaseException:
-            for _ in batch:
-                self._capacity.release()
+            self._give_back(len(batch))
             raise
         # Their gaps are decided (or were older than catchup_window, passed over): no new check.
         await self._claim_together(batch, check_gap=False)

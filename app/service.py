@@ -22,7 +22,7 @@ from app.heartbeat import Heartbeat
 from app.leader import Leader
 from app.logs import run_fields
 from app.metrics import Metrics, PrometheusMetrics
-from app.outage import DB_ERRORS, Outage, describe, refused_login
+from app.outage import DB_ERRORS, Backoff, Outage, describe, refused_login
 from app.queued import QueuedRuns
 from app.registry import Job
 from app.runner import Runner, Runs
@@ -241,7 +241,7 @@ class Service:
         )
 
     async def _connect(self, stop: asyncio.Event | None) -> None:
-        delay = 0.5
+        backoff = Backoff(first=0.5, cap=10.0)
         while True:
             try:
                 await self._prepare_database()
@@ -254,9 +254,8 @@ class Service:
                 self.outage.failed(exc, "starting up")
                 if stop is not None and stop.is_set():
                     raise
-                log.debug("start-up retry in %.1f s: %s", delay, describe(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+                log.debug("start-up retry in %.1f s: %s", backoff.delay, describe(exc))
+                await backoff.wait()
         self.outage.recovered()
 
     async def stop(self, signals: Signals | None = None) -> None:

@@ -23,6 +23,7 @@ from app.store.database import Database
 from app.store.registrations import JobRow
 from app.store.tables import executions, jobs
 from tests.conftest import ServiceFactory, wait_for
+from tests.integration.test_claims import hold_job_row
 
 SLOT = datetime(2026, 11, 22, 0, 10, tzinfo=UTC)
 NOW = SLOT + timedelta(milliseconds=3)
@@ -278,16 +279,7 @@ async def test_a_burst_with_a_held_row_still_runs_every_slot_once(
     clock = ManualClock(t0)
     service = await start_service(list(registry), clock=clock)
     held, release = asyncio.Event(), asyncio.Event()
-
-    async def hold() -> None:
-        async with db.engine.connect() as conn, conn.begin():
-            await conn.execute(
-                text("SELECT name FROM scheduler_jobs WHERE name = 'burst-7' FOR UPDATE")
-            )
-            held.set()
-            await release.wait()
-
-    holder = asyncio.create_task(hold())
+    holder = asyncio.create_task(hold_job_row(db, backend, held, release, name="burst-7"))
     await held.wait()
     await clock.set(t0 + timedelta(seconds=5))
     await wait_for(lambda: len(ran) == 39, what="every job but the held one to run")

@@ -131,9 +131,14 @@ async def test_allow_runs_overlapping_slots(db: Database) -> None:
 
 
 async def hold_job_row(
-    db: Database, backend: str, held: asyncio.Event, release: asyncio.Event
+    db: Database,
+    backend: str,
+    held: asyncio.Event,
+    release: asyncio.Event,
+    name: str | None = None,
 ) -> None:
-    """Lock the job's row (SQLite: the write lock) from another connection until released."""
+    """Lock the job rows (only ``name``'s, when given; SQLite: the write lock) from another
+    connection until released."""
     async with db.engine.connect() as conn:
         if backend == "sqlite":
             async with conn.begin():  # BEGIN IMMEDIATE: takes the database's write lock
@@ -141,7 +146,10 @@ async def hold_job_row(
                 await release.wait()
         else:
             async with conn.begin():
-                await conn.execute(text("SELECT name FROM scheduler_jobs FOR UPDATE"))
+                only = "" if name is None else " WHERE name = :name"
+                await conn.execute(
+                    text(f"SELECT name FROM scheduler_jobs{only} FOR UPDATE"), {"name": name}
+                )
                 held.set()
                 await release.wait()
 
