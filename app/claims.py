@@ -13,15 +13,14 @@ import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from app.clock import Clock
 from app.errors import RowBusy, SlotTaken
 from app.logs import run_fields
-from app.metrics import Metrics
-from app.outage import DB_ERRORS, Backoff, Outage
+from app.outage import DB_ERRORS, Backoff
 from app.registry import Job
+from app.roles import Collaborators
+from app.status import Status
 from app.store import claims as claim_store
 from app.store.claims import Claim, Decided, Due
-from app.store.database import Database
 
 log = logging.getLogger("slotcron.claims")
 
@@ -47,22 +46,13 @@ class ClaimStats:
 
 
 class Claimer:
-    def __init__(
-        self,
-        *,
-        db: Database,
-        clock: Clock,
-        instance_id: str,
-        default_lease: float,
-        outage: Outage,
-        metrics: Metrics | None = None,
-    ) -> None:
-        self.metrics = metrics or Metrics()
-        self.db = db
-        self.clock = clock
-        self.instance_id = instance_id
+    def __init__(self, shared: Collaborators, *, default_lease: float) -> None:
+        self.metrics = shared.metrics
+        self.db = shared.db
+        self.clock = shared.clock
+        self.instance_id = shared.instance_id
+        self.outage = shared.outage
         self.default_lease = default_lease
-        self.outage = outage
         self.stats = ClaimStats()
         self.closing = False
 
@@ -196,14 +186,14 @@ class Claimer:
         return result
 
     def _recorded(self, claim: Claim) -> None:
-        if claim.status == "RUNNING":
+        if claim.status == Status.RUNNING:
             if log.isEnabledFor(logging.DEBUG):  # the common case costs one level check
                 fields = run_fields(
                     claim.job_name,
                     claim.scheduled_at,
                     claim.execution_id,
                     self.instance_id,
-                    "RUNNING",
+                    Status.RUNNING,
                 )
                 log.debug("%s slot %s claimed", claim.job_name, claim.scheduled_at, extra=fields)
             return
@@ -214,7 +204,7 @@ class Claimer:
         # A paused or overlapping job's slot is news; MISSED slots come in bulk after an
         # outage and are summed up in one warning by the scheduler.
         log.log(
-            logging.INFO if claim.status == "SKIPPED" else logging.DEBUG,
+            logging.INFO if claim.status == Status.SKIPPED else logging.DEBUG,
             "%s slot %s %s: %s",
             claim.job_name,
             claim.scheduled_at.isoformat(),

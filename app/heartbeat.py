@@ -6,56 +6,41 @@ the cluster may have declared it ABANDONED and run the slot again elsewhere.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import Callable
 from datetime import timedelta
 
-from app.clock import Clock, DatabaseClock
-from app.outage import DB_ERRORS, Outage
-from app.runner import FENCED, Runs
+from app.clock import DatabaseClock
+from app.inflight import CancelReason, Runs
+from app.outage import DB_ERRORS
+from app.roles import Collaborators, Role
 from app.store import runs as run_store
-from app.store.database import Database
 
 log = logging.getLogger("slotcron.heartbeat")
 
 CLOCK_SYNC_SECONDS = 300.0
 
 
-class Heartbeat:
+class Heartbeat(Role):
+    name = "heartbeat"
+
     def __init__(
         self,
+        shared: Collaborators,
         *,
-        db: Database,
-        clock: Clock,
-        instance_id: str,
         runs: Runs,
         period: float,
-        outage: Outage,
         instance_state: Callable[[], str],
     ) -> None:
-        self.db = db
-        self.clock = clock
-        self.instance_id = instance_id
+        super().__init__(shared)
         self.runs = runs
         self.period = period
-        self.outage = outage
         self.instance_state = instance_state
-        self._task: asyncio.Task[None] | None = None
         self._last_sync = time.monotonic()
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="slotcron-heartbeat")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _loop(self) -> None:
+    async def run(self) -> None:
         while True:
             # With no run in flight only the instance row is renewed, and every other period
             # is enough (it is judged silent after a whole lease): a run claimed meanwhile has
@@ -94,8 +79,8 @@ class Heartbeat:
             if handle.done.is_set():
                 continue  # ended while we renewed
             if still_ours is None or handle.id in still_ours:
-                handle.lease_until = max(
-                    handle.lease_until, now + timedelta(milliseconds=handle.lease_ms)
+                handle.deadline = max(
+                    handle.deadline, now + timedelta(milliseconds=handle.lease_ms)
                 )
             else:
                 log.warning(
@@ -103,17 +88,17 @@ class Heartbeat:
                     handle.id,
                     handle.job.name,
                 )
-                self.runs.cancel(handle, FENCED)
+                self.runs.cancel(handle, CancelReason.FENCED)
 
     def fence_lapsed(self, margin: float = 0.0) -> None:
         """Cancel every run whose lease lapses within ``margin`` seconds without renewal."""
         horizon = self.clock.now() + timedelta(seconds=margin)
         for handle in self.runs:
-            if handle.lease_until <= horizon and handle.cancel_reason is None:
+            if handle.deadline <= horizon and handle.cancel_reason is None:
                 log.warning(
                     "lease of execution %s (%s) lapses at %s and cannot be renewed; cancelling it",
                     handle.id,
                     handle.job.name,
-                    handle.lease_until.isoformat(),
+                    handle.deadline.isoformat(),
                 )
-                self.runs.cancel(handle, FENCED)
+                self.runs.cancel(handle, CancelReason.FENCED)

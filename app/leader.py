@@ -9,20 +9,17 @@ instances stopped, and prunes history past retention.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from app.clock import Clock
 from app.logs import run_fields
-from app.metrics import Metrics
-from app.outage import DB_ERRORS, Outage
-from app.scheduler import MAX_GRACE
+from app.misfire import MAX_GRACE
+from app.outage import DB_ERRORS
+from app.roles import Collaborators, Role
 from app.store import housekeeping, leadership, lifeline, registrations, retention
-from app.store.database import Database
 
 log = logging.getLogger("slotcron.leader")
 
@@ -30,50 +27,36 @@ PRUNE_EVERY_SECONDS = 3600.0
 """History is pruned by the hour (and at once by a new leader), not at every tick."""
 
 
-class Leader:
+class Leader(Role):
+    name = "leader"
+
     def __init__(
         self,
+        shared: Collaborators,
         *,
-        db: Database,
-        clock: Clock,
-        instance_id: str,
         lease: float,
         period: float,
-        outage: Outage,
         reconcile: Callable[[str, datetime], bool] = lambda _name, _expected: False,
         retention_days: float = 30,
-        metrics: Metrics | None = None,
     ) -> None:
-        self.metrics = metrics or Metrics()
-        self.outage = outage
+        super().__init__(shared)
         self.retention = timedelta(days=retention_days)
         self.reconcile = reconcile
         self._unknown: set[str] = set()
-        self.db = db
-        self.clock = clock
-        self.instance_id = instance_id
         self.lease = lease
         self.period = period
         self.leading = False
-        self._task: asyncio.Task[None] | None = None
         self._pruned_at: float | None = None
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="slotcron-leader")
-
-    async def stop(self) -> None:
-        """Stop, and resign so another instance takes over without waiting out the lease."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    async def stopped(self) -> None:
+        """Resign, so another instance takes over without waiting out the lease."""
         if self.leading:
             with contextlib.suppress(*DB_ERRORS):
                 await leadership.resign(self.db, instance_id=self.instance_id)
                 log.info("resigned leadership")
             self.leading = False
 
-    async def _loop(self) -> None:
+    async def run(self) -> None:
         while True:
             try:
                 await self.tick()

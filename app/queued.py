@@ -16,14 +16,14 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from app.clock import Clock
 from app.errors import RowBusy
 from app.logs import run_fields
-from app.outage import DB_ERRORS, Outage
+from app.outage import DB_ERRORS
 from app.registry import Job
+from app.roles import Collaborators, Role
+from app.status import Status
 from app.store import queue
 from app.store.claims import Claim
-from app.store.database import Database
 from app.store.dialects import Listening
 from app.store.lifeline import QUEUED_CHANNEL
 
@@ -34,49 +34,42 @@ LISTENING_POLL_SECONDS = 300.0
 whose connection was lost, and a new connection starts with a poll of its own."""
 
 
-class QueuedRuns:
+class QueuedRuns(Role):
+    name = "queued runs"
+    # A poll under way finishes first: cancelling it between taking an execution and starting
+    # it would leave that execution RUNNING with nobody running it.
+    cancel_on_stop = False
+
     def __init__(
         self,
+        shared: Collaborators,
         *,
-        db: Database,
-        clock: Clock,
-        instance_id: str,
         jobs: dict[str, Job],
         default_lease: float,
         period: float,
-        outage: Outage,
         start: Callable[[Job, Claim], None],
         pool_size: int = 10,
     ) -> None:
-        self.db = db
-        self.clock = clock
-        self.instance_id = instance_id
+        super().__init__(shared)
         self.jobs = jobs
         self.default_lease = default_lease
         self.period = period
-        self.outage = outage
         self._start = start
         self._wake = asyncio.Event()
         self._closing = False
-        self._task: asyncio.Task[None] | None = None
         self._timers: set[asyncio.Task[None]] = set()
         self._listening: Listening | None = None
         # A listener takes one pooled connection: only where the pool can spare it.
         self._may_listen = pool_size >= 2
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="slotcron-queued")
-
-    async def stop(self) -> None:
-        """Stop taking runs. A poll under way finishes first: cancelling it between taking an
-        execution and starting it would leave that execution RUNNING with nobody running it."""
+    async def request_stop(self) -> None:
+        """Stop taking runs, once the poll under way (if any) has started what it took."""
         self._closing = True
         self._wake.set()
         for timer in list(self._timers):
             timer.cancel()
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+
+    async def stopped(self) -> None:
         if self._listening is not None:
             await self._listening.close()
             self._listening = None
@@ -119,7 +112,7 @@ class QueuedRuns:
             return False
         return self._listening is not None
 
-    async def _loop(self) -> None:
+    async def run(self) -> None:
         while not self._closing:
             # A new listener polls once at once: something may have been queued unheard.
             if not (self._may_listen and await self._listen()):
@@ -172,7 +165,7 @@ class QueuedRuns:
                         claim.scheduled_at,
                         claim.execution_id,
                         self.instance_id,
-                        "RUNNING",
+                        Status.RUNNING,
                     ),
                 )
                 self._start(job, claim)

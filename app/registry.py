@@ -10,7 +10,7 @@ from typing import Any, Literal, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from app.errors import InvalidJobError
-from app.schedule import IntervalSchedule, Schedule, normalise_cron, shared
+from app.slots import IntervalSchedule, Schedule, normalise_cron, shared
 
 MAX_NAME_LENGTH = 200
 OVERLAP = ("forbid", "allow")

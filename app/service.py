@@ -14,20 +14,28 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.burst import Burst
 from app.claims import Claimer
 from app.clock import Clock, DatabaseClock
 from app.config import Settings
 from app.errors import ConfigError
+from app.firing import Firing
 from app.heartbeat import Heartbeat
+from app.inflight import Runs
 from app.leader import Leader
 from app.logs import run_fields
 from app.metrics import Metrics, PrometheusMetrics
 from app.outage import DB_ERRORS, Backoff, Outage, describe, refused_login
+from app.outcomes import Outcomes
+from app.permits import Permits
+from app.planner import Planner
 from app.queued import QueuedRuns
 from app.registry import Job
-from app.runner import Runner, Runs
-from app.scheduler import Scheduler
+from app.roles import Collaborators, Role, Stoppable
+from app.runner import Runner
 from app.shutdown import Signals, shut_down
+from app.slots import Schedule
+from app.status import InstanceState
 from app.store import claims as claim_store
 from app.store import lifeline, migrate, registrations
 from app.store import runs as run_store
@@ -54,34 +62,42 @@ class Service:
         self.clock: Clock = clock if clock is not None else DatabaseClock(self.db.clock_sample)
         self.outage = Outage()
         self.runs = Runs()
-        self.state = "starting"
+        self.state: str = InstanceState.STARTING
         # Counted only when there is an HTTP server to expose them.
         prometheus = PrometheusMetrics(self.clock) if settings.http_port is not None else None
         self.metrics: Metrics = prometheus or Metrics()
-        self.claimer = Claimer(
+        shared = Collaborators(
             db=self.db,
             clock=self.clock,
             instance_id=self.instance_id,
-            default_lease=settings.lease_seconds,
             outage=self.outage,
             metrics=self.metrics,
         )
+        self.schedules: dict[str, Schedule] = {
+            job.name: job.schedule(settings.timezone) for job in self.jobs
+        }
+        self.claimer = Claimer(shared, default_lease=settings.lease_seconds)
+        self.outcomes = Outcomes(shared)
         self.runner = Runner(
-            db=self.db,
-            clock=self.clock,
-            instance_id=self.instance_id,
+            shared,
             runs=self.runs,
-            outage=self.outage,
+            outcomes=self.outcomes,
             on_retry_queued=lambda when: self.queued.wake_at(when),
-            metrics=self.metrics,
         )
-        self.scheduler = Scheduler(
-            self.jobs,
+        self.firing = Firing(
+            {job.name: job for job in self.jobs if job.enabled},
+            self.schedules,
             clock=self.clock,
             claimer=self.claimer,
             runner=self.runner,
-            capacity=settings.max_concurrency,
-            default_timezone=settings.timezone,
+            permits=Permits(settings.max_concurrency),
+        )
+        self.planner = Planner(
+            self.jobs,
+            self.schedules,
+            clock=self.clock,
+            firing=self.firing,
+            burst=Burst(self.schedules, clock=self.clock, claimer=self.claimer, firing=self.firing),
         )
         shortest_lease = min(
             [job.lease_seconds(settings.lease_seconds) for job in self.jobs]
@@ -89,39 +105,29 @@ class Service:
         )
         period = min(settings.heartbeat_seconds, shortest_lease / 4)
         self.queued = QueuedRuns(
-            db=self.db,
-            clock=self.clock,
-            instance_id=self.instance_id,
+            shared,
             jobs={job.name: job for job in self.jobs},
             default_lease=settings.lease_seconds,
             # A manual run is expected to start within a second or two.
             period=min(period, QUEUE_POLL_SECONDS),
-            outage=self.outage,
-            start=self.scheduler.start_claimed,
+            start=self.firing.start_claimed,
             pool_size=settings.pool_size,
         )
         self.leader = Leader(
-            db=self.db,
-            clock=self.clock,
-            instance_id=self.instance_id,
+            shared,
             lease=settings.lease_seconds,
             # Three ticks to a lease: a lapsed lease or a silent instance is found within a
             # third of a lease, at three or four statements a minute while nothing happens.
             period=max(period, settings.lease_seconds / 3),
-            outage=self.outage,
-            reconcile=self.scheduler.reconcile,
+            reconcile=self.firing.reconcile,
             retention_days=settings.history_retention_days,
-            metrics=self.metrics,
         )
         self.expected: dict[str, datetime | None] = {}
         self.heartbeat = Heartbeat(
-            db=self.db,
-            clock=self.clock,
-            instance_id=self.instance_id,
+            shared,
             runs=self.runs,
             # A lease must be renewed several times before it can lapse.
             period=period,
-            outage=self.outage,
             instance_state=lambda: self.state,
         )
         self.http: HttpServer | None = None
@@ -129,6 +135,23 @@ class Service:
             from app.http import HttpServer  # aiohttp is imported only when HTTP is configured
 
             self.http = HttpServer(self, prometheus)
+
+    @property
+    def roles(self) -> list[Role]:
+        """The supervised background roles, in the order they start."""
+        return [self.outcomes, self.heartbeat, self.queued, self.leader]
+
+    @property
+    def claiming(self) -> list[Stoppable]:
+        """What shutdown stops in phase 1, in order: whatever starts new runs or decides slots."""
+        return [self.queued, self.planner, self.leader]
+
+    @property
+    def keeping(self) -> list[Stoppable]:
+        """What shutdown stops in phase 4, once no run is left, in order: what in-flight runs
+        needed to the end (lease renewals, outcome writes). The HTTP server stops after them,
+        last of all: /readyz says 503 through the whole shutdown."""
+        return [self.heartbeat, self.outcomes]
 
     async def _prepare_database(self) -> None:
         if self.settings.migrate_on_start:
@@ -178,10 +201,10 @@ class Service:
             JobRow(
                 name=job.name,
                 kind=job.kind,
-                schedule=self.scheduler.schedule_of(job).describe(),
+                schedule=self.schedules[job.name].describe(),
                 timezone=job.timezone or self.settings.timezone,
                 options=job.options(),
-                first_slot=self.scheduler.schedule_of(job).next_after(now),
+                first_slot=self.schedules[job.name].next_after(now),
             )
             for job in self.jobs
         ]
@@ -223,16 +246,15 @@ class Service:
             if self.http is not None:
                 await self.http.stop()
             raise
-        self.state = "running"
+        self.state = InstanceState.RUNNING
         # What start-up built (jobs, schedules, SQLAlchemy's metadata and caches) lives as long
         # as the process: keep it out of the collector's full passes, which otherwise pause the
         # loop for tens to hundreds of milliseconds in the middle of a burst of runs.
         gc.collect()
         gc.freeze()
-        self.scheduler.start(self.expected)
-        self.heartbeat.start()
-        self.queued.start()
-        self.leader.start()
+        self.planner.start(self.expected)
+        for role in self.roles:
+            role.start()
         log.info(
             "instance %s running %d jobs on %s",
             self.instance_id,

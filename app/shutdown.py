@@ -17,8 +17,9 @@ import logging
 import signal
 from typing import TYPE_CHECKING
 
+from app.inflight import CancelReason
 from app.outage import DB_ERRORS, describe
-from app.runner import SHUTDOWN
+from app.status import InstanceState
 from app.store import registrations
 from app.store import runs as run_store
 
@@ -67,13 +68,15 @@ async def _wait_runs(service: Service, timeout: float, hurry: asyncio.Event) -> 
 async def shut_down(service: Service, signals: Signals) -> None:
     settings = service.settings
     # Phase 1
-    service.state = "draining"
-    await service.queued.stop()
-    await service.scheduler.stop_claiming()
-    await service.leader.stop()
+    service.state = InstanceState.DRAINING
+    for role in service.claiming:
+        await role.stop()
     with contextlib.suppress(*DB_ERRORS):
         await registrations.set_instance_state(
-            service.db, instance_id=service.instance_id, state="draining", now=service.clock.now()
+            service.db,
+            instance_id=service.instance_id,
+            state=InstanceState.DRAINING,
+            now=service.clock.now(),
         )
     log.info("phase 1: claiming stopped; %d runs in flight", len(service.runs))
     # Phase 2
@@ -89,7 +92,7 @@ async def shut_down(service: Service, signals: Signals) -> None:
             ", ".join(f"{h.job.name}#{h.id}" for h in left),
         )
         for handle in left:
-            service.runs.cancel(handle, SHUTDOWN)
+            service.runs.cancel(handle, CancelReason.SHUTDOWN)
     if len(service.runs):
         await _wait_runs(service, settings.shutdown_cancel_timeout, asyncio.Event())
         stubborn = [h for h in service.runs if not h.finishing]
@@ -105,11 +108,15 @@ async def shut_down(service: Service, signals: Signals) -> None:
                     "(did not end within the cancel timeout)",
                 )
     # Phase 4
-    await service.heartbeat.stop()
-    service.state = "stopped"
+    for role in service.keeping:
+        await role.stop()  # the heartbeat first: a late beat must not undo "stopped"
+    service.state = InstanceState.STOPPED
     try:
         await registrations.set_instance_state(
-            service.db, instance_id=service.instance_id, state="stopped", now=service.clock.now()
+            service.db,
+            instance_id=service.instance_id,
+            state=InstanceState.STOPPED,
+            now=service.clock.now(),
         )
     except DB_ERRORS as exc:
         log.warning("could not mark instance stopped: %s", describe(exc))

@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from app.schedule import CronSchedule, IntervalSchedule, slots_between
+from app.slots import CronSchedule, IntervalSchedule, slots_between
 
 NEW_YORK = "America/New_York"
 BERLIN = "Europe/Berlin"

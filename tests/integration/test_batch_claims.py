@@ -9,12 +9,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select, text, update
 
-from app import JobContext, scheduler
+from app import JobContext, burst
 from app.claims import Claimer
 from app.clock import ManualClock, SystemClock
 from app.errors import RowBusy
-from app.outage import Outage
 from app.registry import Registry, cron
+from app.roles import Collaborators
 from app.store import claims as claim_store
 from app.store import registrations
 from app.store import runs as run_store
@@ -174,7 +174,7 @@ async def test_jobs_due_together_are_claimed_ahead_and_started_at_their_slot(
     service = await start_service(list(registry), clock=clock)
 
     # Inside the lead (its fixed part alone): every slot is claimed, none has started.
-    await clock.set(slot - timedelta(seconds=scheduler.LEAD_BASE / 2))
+    await clock.set(slot - timedelta(seconds=burst.LEAD_BASE / 2))
 
     async def all_claimed() -> bool:
         async with db.read() as conn:
@@ -241,7 +241,7 @@ async def test_two_claimers_racing_for_a_burst_decide_each_slot_once(db: Databas
 
     def claimer(instance: str) -> Claimer:
         return Claimer(
-            db=db, clock=SystemClock(), instance_id=instance, default_lease=60, outage=Outage()
+            Collaborators(db=db, clock=SystemClock(), instance_id=instance), default_lease=60
         )
 
     a, b = claimer("a"), claimer("b")

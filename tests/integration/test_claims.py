@@ -11,8 +11,8 @@ from sqlalchemy import insert, select, text
 from app.claims import Claimer
 from app.clock import SystemClock
 from app.errors import RowBusy, SlotsUndecided, SlotTaken
-from app.outage import Outage
 from app.registry import Registry, cron
+from app.roles import Collaborators
 from app.store import claims as claim_store
 from app.store import registrations
 from app.store.database import Database
@@ -178,9 +178,7 @@ async def test_a_slot_whose_row_was_busy_is_still_claimed(db: Database, backend:
     @cron("* * * * *", name="job", registry=registry)
     async def job() -> None: ...
 
-    claimer = Claimer(
-        db=db, clock=SystemClock(), instance_id="a", default_lease=60, outage=Outage()
-    )
+    claimer = Claimer(Collaborators(db=db, clock=SystemClock(), instance_id="a"), default_lease=60)
     held, release = asyncio.Event(), asyncio.Event()
     holder = asyncio.create_task(hold_job_row(db, backend, held, release))
     await held.wait()

@@ -1,0 +1,207 @@
+"""Firing: claiming a slot for this instance and starting its run, under the capacity permits.
+
+Every claim and run task is spawned here, so shutdown's phase 1 (:meth:`Firing.stop_claiming`)
+finds every claim under way: they are short and finish, so no slot is left half-decided; runs
+go on. Late slots are decided by the job's misfire policy (:mod:`app.misfire`) before any newer
+slot of the job is claimed: a newer slot claimed first would close them (the high-water mark)
+unrecorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Mapping
+from datetime import datetime
+from typing import Any
+
+from app import misfire
+from app.claims import Claimer
+from app.clock import Clock
+from app.errors import SlotsUndecided
+from app.permits import Permits
+from app.registry import Job
+from app.runner import Runner
+from app.slots import Schedule
+from app.status import Status, Trigger
+from app.store.claims import Claim
+
+log = logging.getLogger("slotcron.scheduler")
+
+
+class Firing:
+    def __init__(
+        self,
+        jobs: Mapping[str, Job],
+        schedules: Mapping[str, Schedule],
+        *,
+        clock: Clock,
+        claimer: Claimer,
+        runner: Runner,
+        permits: Permits,
+    ) -> None:
+        self.jobs = jobs
+        self.schedules = schedules
+        self.clock = clock
+        self.claimer = claimer
+        self.runner = runner
+        self.permits = permits
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._claiming: set[asyncio.Task[None]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, None], job: Job | None) -> None:
+        """Run ``coro`` (a claim and what follows it) in a task that shutdown waits for while
+        it is claiming."""
+        task = asyncio.create_task(coro, name=f"slotcron-{job.name if job else 'due'}")
+        self._tasks.add(task)
+        self._claiming.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._claiming.discard)
+
+    def _past_claim(self) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._claiming.discard(task)  # past the claim: shutdown lets it drain
+
+    async def claim(
+        self,
+        job: Job,
+        slot: datetime,
+        *,
+        trigger: str,
+        missed_reason: str | None = None,
+        check_gap: bool = True,
+        give_up_at: datetime | None = None,
+    ) -> Claim | None:
+        return await self.claimer.claim(
+            job,
+            slot,
+            trigger=trigger,
+            following=self.schedules[job.name].next_after(slot),
+            missed_reason=missed_reason,
+            check_gap=check_gap,
+            give_up_at=give_up_at,
+        )
+
+    async def fire(self, job: Job, slot: datetime) -> None:
+        """Claim one slot at its time (not ahead) and run it here if this instance won it."""
+        schedule = self.schedules[job.name]
+        # Past its grace, a slot is no longer started as if on time: it is left to the misfire
+        # policy (found by the next claim, or by the leader's sweep).
+        give_up_at = slot + misfire.grace(schedule, slot)
+        await self.clock.sleep_until(slot)
+        async with self.permits.one():
+            try:
+                claim = await self.claim(job, slot, trigger=job.trigger, give_up_at=give_up_at)
+            except SlotsUndecided as gap:
+                # Slots before this one were never decided: account for them first, in order.
+                expected: datetime = gap.expected  # type: ignore[assignment]
+                now = self.clock.now()
+                late = misfire.undecided_before(job, schedule, expected, slot, now)
+                log.warning(
+                    "%s: %d slots from %s were never claimed (no live instance or no database); "
+                    "applying misfire=%r",
+                    job.name,
+                    len(late),
+                    gap.expected,
+                    job.misfire,
+                )
+                await self.decide_late(job, late, now)
+                claim = await self.claim(
+                    job, slot, trigger=job.trigger, check_gap=False, give_up_at=give_up_at
+                )
+            self._past_claim()
+            if claim is None or claim.status != Status.RUNNING:
+                return  # the claimer logged and counted what it recorded instead
+            await self.runner.run(job, claim)
+
+    def start_run(self, job: Job, claim: Claim) -> None:
+        """Run a claim made under a capacity permit already taken; give the permit back after."""
+
+        # Claimed ahead of its time, it starts at its slot (by the database's clock), not now.
+        start_at = claim.scheduled_at if claim.scheduled_at > self.clock.now() else None
+
+        async def run() -> None:
+            try:
+                await self.runner.run(job, claim, start_at)
+            finally:
+                self.permits.give_back()
+
+        task = asyncio.create_task(run(), name=f"slotcron-{job.name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_claimed(self, job: Job, claim: Claim) -> None:
+        self._past_claim()
+        async with self.permits.one():
+            await self.runner.run(job, claim)
+
+    def start_claimed(self, job: Job, claim: Claim) -> None:
+        """Run an execution another role started (a QUEUED retry), under the same capacity
+        and shutdown rules as scheduled runs."""
+        self.spawn(self._run_claimed(job, claim), job)
+
+    def reconcile(self, name: str, expected: datetime) -> bool:
+        """Decide a job's overdue slots now, from ``expected`` (the leader's sweep after an
+        outage). False when this instance does not have the job."""
+        job = self.jobs.get(name)
+        if job is None or self.claimer.closing:
+            return False
+        now = self.clock.now()
+        late, _ = misfire.late_slots(job, self.schedules[name], expected, now)
+        if late:
+            log.warning(
+                "%s: deciding %d overdue slots from %s (misfire=%r)",
+                name,
+                len(late),
+                expected.isoformat(),
+                job.misfire,
+            )
+            self.spawn(self._reconcile(job, late, now), job)
+        return True
+
+    async def _reconcile(self, job: Job, late: list[datetime], now: datetime) -> None:
+        async with self.permits.one():
+            await self.decide_late(job, late, now)
+
+    async def misfire_then(
+        self, job: Job, late: list[datetime], now: datetime, resume: Callable[[], None]
+    ) -> None:
+        """Account for slots this instance reached too late, then ``resume`` normal firing."""
+        try:
+            async with self.permits.one():
+                await self.decide_late(job, late, now)
+        finally:
+            resume()
+
+    async def decide_late(self, job: Job, late: list[datetime], now: datetime) -> None:
+        """Decide ``late`` slots in order by the job's misfire policy (:func:`misfire.decide`)."""
+        for verdict in misfire.decide(job, late):
+            if not verdict.run:
+                await self.claim(
+                    job,
+                    verdict.slot,
+                    trigger=job.trigger,
+                    check_gap=False,
+                    missed_reason=misfire.missed_reason(job, verdict.slot, now),
+                )
+                continue
+            claim = await self.claim(job, verdict.slot, trigger=Trigger.CATCHUP, check_gap=False)
+            if claim is None or claim.status != Status.RUNNING:
+                continue
+            if job.overlap == "forbid":
+                # One after another: each catch-up run ends before the next slot is claimed,
+                # so forbid holds and none of them is SKIPPED for overlapping its predecessor.
+                await self.runner.run(job, claim)
+            else:
+                self.spawn(self._run_claimed(job, claim), job)
+
+    async def stop_claiming(self, timeout: float = 5.0) -> None:
+        """Phase 1 of shutdown: claim nothing more. Claims already under way finish (they are
+        short), so a slot is never left half-decided; runs go on."""
+        self.claimer.closing = True
+        if self._claiming:
+            _, pending = await asyncio.wait(set(self._claiming), timeout=timeout)
+            for task in pending:
+                if task in self._claiming:
+                    task.cancel()
