@@ -7,10 +7,11 @@ import logging
 import random
 import time
 
-import asyncpg
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from app.config import mask_url_text
+from app.store.dialects import DRIVER_ERRORS
+from app.store.dialects import refused_login as refused_login
 
 log = logging.getLogger("slotcron.outage")
 
@@ -22,24 +23,8 @@ DB_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     ConnectionError,
     TimeoutError,
-    # asyncpg raises its own errors while connecting; SQLAlchemy does not wrap those.
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
+    *DRIVER_ERRORS,
 )
-
-# MySQL/MariaDB: access denied (1044, 1045), unknown database (1049).
-_REFUSED_MYSQL = frozenset({1044, 1045, 1049})
-
-
-def refused_login(exc: BaseException) -> bool:
-    """True when the database answered but refused us (credentials, unknown database): a
-    configuration error to report, not an outage to wait out."""
-    orig = getattr(exc, "orig", None) or exc
-    code = getattr(orig, "sqlstate", None)
-    if isinstance(code, str) and (code.startswith("28") or code == "3D000"):
-        return True
-    args: tuple[object, ...] = tuple(getattr(orig, "args", ()))
-    return len(args) > 0 and args[0] in _REFUSED_MYSQL
 
 
 class Outage:

@@ -6,7 +6,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar, Unpack
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from app.errors import InvalidJobError
@@ -94,9 +94,6 @@ class Registry:
     def __len__(self) -> int:
         return len(self._jobs)
 
-    def clear(self) -> None:
-        self._jobs.clear()
-
 
 REGISTRY = Registry()
 """The process-wide registry that ``@cron`` and ``@every`` add to."""
@@ -135,6 +132,50 @@ def _check_number(name: str, option: str, value: Any, *, minimum: float, strict:
         relation = "greater than" if strict else "at least"
         raise InvalidJobError(name, option, f"must be {relation} {minimum:g}, got {value!r}")
     return float(value)
+
+
+class JobOptions(TypedDict, total=False):
+    """The keyword options every kind of job takes (CONTRACT.md, "Registering jobs")."""
+
+    name: str | None
+    timezone: str | None
+    overlap: str
+    misfire: str
+    catchup_window: float
+    lease: float | None
+    timeout: float | None
+    max_attempts: int
+    retry_backoff: float
+    jitter: float
+    restartable: bool
+    enabled: bool
+    registry: Registry | None
+
+
+DEFAULTS: JobOptions = {
+    "name": None,
+    "timezone": None,
+    "overlap": "forbid",
+    "misfire": "skip",
+    "catchup_window": 3600,
+    "lease": None,
+    "timeout": None,
+    "max_attempts": 1,
+    "retry_backoff": 10,
+    "jitter": 0,
+    "restartable": True,
+    "enabled": True,
+    "registry": None,
+}
+
+
+def _options(decorator: str, given: JobOptions, *, allowed: frozenset[str]) -> JobOptions:
+    """``given`` over the defaults; an option the decorator does not take is a TypeError, as
+    for any unexpected keyword argument."""
+    for option in given:
+        if option not in allowed:
+            raise TypeError(f"{decorator}() got an unexpected keyword argument {option!r}")
+    return {**DEFAULTS, **given}
 
 
 def _build(
@@ -223,53 +264,24 @@ def _build(
     return job
 
 
-def cron(
-    expression: str,
-    *,
-    name: str | None = None,
-    timezone: str | None = None,
-    overlap: str = "forbid",
-    misfire: str = "skip",
-    catchup_window: float = 3600,
-    lease: float | None = None,
-    timeout: float | None = None,
-    max_attempts: int = 1,
-    retry_backoff: float = 10,
-    jitter: float = 0,
-    restartable: bool = True,
-    enabled: bool = True,
-    registry: Registry | None = None,
-) -> Callable[[F], F]:
+def cron(expression: str, **options: Unpack[JobOptions]) -> Callable[[F], F]:
     """Register an ``async def`` as a cron job.
 
     Five fields have minute precision; six fields put SECONDS FIRST (Spring/Quartz order).
     ``@yearly @monthly @weekly @daily @hourly`` work. Raises :class:`InvalidJobError` at
-    decoration time for anything wrong, naming the job and the field.
+    decoration time for anything wrong, naming the job and the field. The options are
+    :class:`JobOptions`.
     """
+    chosen = _options("cron", options, allowed=_CRON_OPTIONS)
     if not isinstance(expression, str):
         raise InvalidJobError(
-            str(name or "?"), "schedule", f"must be a cron expression string, got {expression!r}"
+            str(chosen["name"] or "?"),
+            "schedule",
+            f"must be a cron expression string, got {expression!r}",
         )
 
     def decorate(func: F) -> F:
-        _build(
-            func,
-            kind="cron",
-            expression=expression,
-            name=name,
-            timezone=timezone,
-            overlap=overlap,
-            misfire=misfire,
-            catchup_window=catchup_window,
-            lease=lease,
-            timeout=timeout,
-            max_attempts=max_attempts,
-            retry_backoff=retry_backoff,
-            jitter=jitter,
-            restartable=restartable,
-            enabled=enabled,
-            registry=registry,
-        )
+        _build(func, kind="cron", expression=expression, **chosen)
         return func
 
     return decorate
@@ -281,22 +293,14 @@ def every(
     minutes: float = 0,
     hours: float = 0,
     days: float = 0,
-    name: str | None = None,
-    overlap: str = "forbid",
-    misfire: str = "skip",
-    catchup_window: float = 3600,
-    lease: float | None = None,
-    timeout: float | None = None,
-    max_attempts: int = 1,
-    retry_backoff: float = 10,
-    jitter: float = 0,
-    restartable: bool = True,
-    enabled: bool = True,
-    registry: Registry | None = None,
+    **options: Unpack[JobOptions],
 ) -> Callable[[F], F]:
-    """Register an ``async def`` to run at a fixed rate; slots are aligned to the Unix epoch."""
+    """Register an ``async def`` to run at a fixed rate; slots are aligned to the Unix epoch.
+    The options are :class:`JobOptions`, but for ``timezone`` (an interval has none)."""
+    chosen = _options("every", options, allowed=_EVERY_OPTIONS)
 
     def decorate(func: F) -> F:
+        name = chosen["name"]
         label = name or f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', '?')}"
         parts = {"seconds": seconds, "minutes": minutes, "hours": hours, "days": days}
         for unit, value in parts.items():
@@ -307,24 +311,11 @@ def every(
             raise InvalidJobError(label, "interval", f"must be positive, got {total:g} seconds")
         if total < 0.001:
             raise InvalidJobError(label, "interval", f"must be at least 1 ms, got {total:g} s")
-        _build(
-            func,
-            kind="interval",
-            expression=f"{total:g}",
-            name=name,
-            timezone=None,
-            overlap=overlap,
-            misfire=misfire,
-            catchup_window=catchup_window,
-            lease=lease,
-            timeout=timeout,
-            max_attempts=max_attempts,
-            retry_backoff=retry_backoff,
-            jitter=jitter,
-            restartable=restartable,
-            enabled=enabled,
-            registry=registry,
-        )
+        _build(func, kind="interval", expression=f"{total:g}", **chosen)
         return func
 
     return decorate
+
+
+_CRON_OPTIONS = frozenset(JobOptions.__annotations__)
+_EVERY_OPTIONS = _CRON_OPTIONS - {"timezone"}

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from app.claims import Claimer
 from app.clock import SystemClock
 from app.config import Settings
-from app.outage import Outage
 from app.registry import Registry, cron
+from app.roles import Collaborators
 from app.store import migrate, registrations
 from app.store.database import Database
 from app.store.registrations import JobRow
@@ -53,31 +53,28 @@ async def measure(url: str, n: int) -> tuple[list[float], list[float]]:
         version="bench",
     )
     claimer = Claimer(
-        db=db, clock=SystemClock(), instance_id="bench", default_lease=60, outage=Outage()
+        Collaborators(db=db, clock=SystemClock(), instance_id="bench"), default_lease=60
     )
+    jobs = {job.name: job for job in registry}
     base = now.replace(microsecond=0) + timedelta(days=1)
     # Warm the pool.
     await asyncio.gather(
         *(
-            claimer.claim(registry.get(x), base, trigger="cron", following=base, check_gap=False)
+            claimer.claim(jobs[x], base, trigger="cron", following=base, check_gap=False)
             for x in names
         )
-    )  # type: ignore[arg-type]
+    )
     sequential = []
     for i in range(n):
         t0 = time.perf_counter()
         slot = base + timedelta(seconds=i + 1)
-        await claimer.claim(
-            registry.get("job-0"), slot, trigger="cron", following=slot, check_gap=False
-        )  # type: ignore[arg-type]
+        await claimer.claim(jobs["job-0"], slot, trigger="cron", following=slot, check_gap=False)
         sequential.append((time.perf_counter() - t0) * 1000)
     burst = []
 
     async def timed(job: str, slot: datetime) -> None:
         t0 = time.perf_counter()
-        await claimer.claim(
-            registry.get(job), slot, trigger="cron", following=slot, check_gap=False
-        )  # type: ignore[arg-type]
+        await claimer.claim(jobs[job], slot, trigger="cron", following=slot, check_gap=False)
         burst.append((time.perf_counter() - t0) * 1000)
 
     for i in range(n // 10):

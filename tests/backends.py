@@ -61,7 +61,7 @@ async def _probe(name: str) -> None:
     if name == "postgresql":
         conn = await asyncio.wait_for(
             asyncpg.connect(**_pg_connect_args(make_url(POSTGRES_URL))), 5
-        )  # type: ignore[arg-type]
+        )
         await conn.close()
     elif name == "mariadb":
         conn = await asyncio.wait_for(
@@ -84,7 +84,7 @@ def probe_all() -> Availability:
 
 async def _admin(name: str, statement: str) -> None:
     if name == "postgresql":
-        conn = await asyncpg.connect(**_pg_connect_args(make_url(POSTGRES_URL)))  # type: ignore[arg-type]
+        conn = await asyncpg.connect(**_pg_connect_args(make_url(POSTGRES_URL)))
         try:
             await conn.execute(statement)
         finally:

@@ -127,7 +127,7 @@ def test_cron_refuses_an_unknown_timezone_naming_the_job_and_the_timezone(
     ],
 )
 def test_every_refuses_a_non_positive_interval_naming_the_job_and_the_interval(
-    registry: Registry, interval: dict[str, float]
+    registry: Registry, interval: dict[str, Any]
 ) -> None:
     error = refusal(registry, every(**interval, name="beat", registry=registry), no_arguments)
     assert_names(error, "beat", "interval")
@@ -135,7 +135,7 @@ def test_every_refuses_a_non_positive_interval_naming_the_job_and_the_interval(
 
 # --- Both decorators refuse bad options ----------------------------------------------------
 
-DECORATORS = {
+DECORATORS: dict[str, Callable[..., Callable[[Any], Any]]] = {
     "cron": lambda **options: cron("*/5 * * * *", **options),
     "every": lambda **options: every(seconds=10, **options),
 }

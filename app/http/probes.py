@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from app.outage import DB_ERRORS, describe
+from app.status import InstanceState
 
 if TYPE_CHECKING:
     from app.service import Service
@@ -39,8 +40,16 @@ class Probes:
     async def readyz(self, request: web.Request) -> web.Response:
         state = self.service.state
         problem = await self._database_problem()
-        if state != "running" or problem is not None:
-            body = {"status": "not ready", "state": state, "database": problem or "ok"}
+        # A background loop that failed recently (it is being restarted) is named here.
+        roles = [p for role in self.service.roles if (p := role.problem) is not None]
+        if state != InstanceState.RUNNING or problem is not None or roles:
+            body: dict[str, object] = {
+                "status": "not ready",
+                "state": state,
+                "database": problem or "ok",
+            }
+            if roles:
+                body["roles"] = roles
             return web.json_response(body, status=503)
         return web.json_response({"status": "ready", "state": state, "database": "ok"})
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from enum import Enum
 from typing import Any
 
 from sqlalchemy import JSON, Integer, String, bindparam, insert, literal, select, update
@@ -27,6 +28,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.errors import RowBusy, SlotsUndecided, SlotTaken
+from app.status import Status
 from app.store.database import Database
 from app.store.dialects import Dialect
 from app.store.tables import UTCDateTime, executions, jobs
@@ -41,7 +43,7 @@ _LEASE_HOLDER = (
     select(executions.c.id, executions.c.instance_id)
     .where(
         executions.c.job_name == bindparam("p_job"),
-        executions.c.status == "RUNNING",
+        executions.c.status == Status.RUNNING,
         executions.c.lease_until > bindparam("p_now", type_=UTCDateTime()),
     )
     .limit(1)
@@ -80,7 +82,7 @@ def _batch(dialect: Dialect) -> _Batch:
         jobs.c.name,
         bindparam("p_slot", type_=UTCDateTime()),
         bindparam("p_trigger", type_=String()),
-        literal("RUNNING", String()),
+        literal(Status.RUNNING.value, String()),
         literal(1, Integer()),
         bindparam("p_instance", type_=String()),
         now,
@@ -108,7 +110,7 @@ def _batch(dialect: Dialect) -> _Batch:
         high_water=select(jobs.c.name, jobs.c.last_slot_at).where(names),
         holders=select(executions.c.job_name, executions.c.id, executions.c.instance_id).where(
             dialect.among(executions.c.job_name, "p_names", String()),
-            executions.c.status == "RUNNING",
+            executions.c.status == Status.RUNNING,
             executions.c.lease_until > now,
         ),
         insert_runs=insert(executions)
@@ -122,6 +124,75 @@ def _batch(dialect: Dialect) -> _Batch:
             next_slot_at=bindparam("p_next", type_=UTCDateTime()),
         ),
     )
+
+
+class Fate(Enum):
+    """What a claim decides for a slot (see :func:`judge`)."""
+
+    TAKEN = "taken"
+    """Already decided by someone else: the slot is closed."""
+    UNDECIDED = "undecided"
+    """Earlier slots of the job were never decided: they go to the misfire path first."""
+    DEFERRED = "deferred"
+    """Claimed ahead of its time while a run holds the job's lease (``forbid``): decided when
+    its time comes, when the run may have ended."""
+    RUN = "run"
+    NOT_RUN = "not run"
+    """Recorded ``MISSED`` (misfire) or ``SKIPPED`` (paused, or overlap under ``forbid``)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    fate: Fate
+    status: Status | None = None
+    reason: str | None = None
+
+
+def judge(
+    row: Any,
+    *,
+    slot: datetime,
+    now: datetime,
+    check_gap: bool,
+    missed_reason: str | None,
+    holder: Any,
+    may_defer: bool,
+) -> Verdict:
+    """The claim rules, once for every path: ``row`` is the job's locked row (``paused``,
+    ``paused_reason``, ``last_slot_at``, ``next_slot_at``), ``holder`` the run holding the
+    job's lease (``forbid`` jobs only; None if none)."""
+    if row.last_slot_at is not None and row.last_slot_at >= slot:
+        return Verdict(Fate.TAKEN)
+    if check_gap and row.next_slot_at is not None and row.next_slot_at < slot:
+        return Verdict(Fate.UNDECIDED)
+    if missed_reason is not None:
+        return Verdict(Fate.NOT_RUN, Status.MISSED, missed_reason)
+    if row.paused:
+        reason = "job is paused" + (f": {row.paused_reason}" if row.paused_reason else "")
+        return Verdict(Fate.NOT_RUN, Status.SKIPPED, reason)
+    if holder is not None and may_defer and slot > now:
+        return Verdict(Fate.DEFERRED)
+    if holder is not None:
+        return Verdict(Fate.NOT_RUN, Status.SKIPPED, overlap_reason(holder))
+    return Verdict(Fate.RUN, Status.RUNNING)
+
+
+def overlap_reason(holder: Any) -> str:
+    return (
+        f"overlap: execution {holder.id} is still running "
+        f"on {holder.instance_id} (overlap='forbid')"
+    )
+
+
+async def lock_job(conn: AsyncConnection, job_name: str) -> Any:
+    """Lock the job's row, NOWAIT (the claim's order against every other claimer of the job);
+    None if the job is not registered."""
+    return (await conn.execute(_LOCK_JOB, {"p_job": job_name})).one_or_none()
+
+
+async def lease_holder(conn: AsyncConnection, job_name: str, now: datetime) -> Any:
+    """A run of the job that still holds its lease at ``now``, or None."""
+    return (await conn.execute(_LEASE_HOLDER, {"p_job": job_name, "p_now": now})).one_or_none()
 
 
 @dataclass(frozen=True)
@@ -165,30 +236,28 @@ async def claim_slot(
     """
     try:
         async with db.transaction(nowait=True) as conn:
-            row = (await conn.execute(_LOCK_JOB, {"p_job": job_name})).one_or_none()
+            row = await lock_job(conn, job_name)
             if row is None:
                 raise LookupError(f"job {job_name!r} is not registered in the database")
-            if row.last_slot_at is not None and row.last_slot_at >= slot:
+            rules = functools.partial(
+                judge,
+                row,
+                slot=slot,
+                now=now,
+                check_gap=check_gap,
+                missed_reason=missed_reason,
+                may_defer=False,
+            )
+            verdict = rules(holder=None)
+            if verdict.fate is Fate.RUN and forbid_overlap:  # only then is the lease read
+                verdict = rules(holder=await lease_holder(conn, job_name, now))
+            if verdict.fate is Fate.TAKEN:
                 raise SlotTaken(f"{job_name} @ {slot.isoformat()}")
-            if check_gap and row.next_slot_at is not None and row.next_slot_at < slot:
+            if verdict.fate is Fate.UNDECIDED:
                 raise SlotsUndecided(job_name, row.next_slot_at)
-            status, reason = "RUNNING", None
-            if missed_reason is not None:
-                status, reason = "MISSED", missed_reason
-            elif row.paused:
-                status = "SKIPPED"
-                reason = "job is paused" + (f": {row.paused_reason}" if row.paused_reason else "")
-            elif forbid_overlap:
-                holder = (
-                    await conn.execute(_LEASE_HOLDER, {"p_job": job_name, "p_now": now})
-                ).one_or_none()
-                if holder is not None:
-                    status = "SKIPPED"
-                    reason = (
-                        f"overlap: execution {holder.id} is still running "
-                        f"on {holder.instance_id} (overlap='forbid')"
-                    )
-            running = status == "RUNNING"
+            assert verdict.status is not None
+            status, reason = verdict.status, verdict.reason
+            running = status == Status.RUNNING
             lease_until = now + timedelta(milliseconds=lease_ms) if running else None
             result = await conn.execute(
                 _INSERT,
@@ -302,33 +371,28 @@ async def claim_many(db: Database, items: list[Due], *, instance_id: str, now: d
             advance: dict[tuple[datetime, datetime], list[str]] = {}
             for name, row in locked.items():
                 item = by_name[name]
-                if row.last_slot_at is not None and row.last_slot_at >= item.slot:
+                verdict = judge(
+                    row,
+                    slot=item.slot,
+                    now=now,
+                    check_gap=item.check_gap,
+                    missed_reason=item.missed_reason,
+                    holder=holders.get(name),
+                    may_defer=True,
+                )
+                if verdict.fate is Fate.TAKEN:
                     decided.taken.add(name)
                     continue
-                if item.check_gap and row.next_slot_at is not None and row.next_slot_at < item.slot:
+                if verdict.fate is Fate.UNDECIDED:
                     decided.undecided.append(item)
                     decided.expected[name] = row.next_slot_at
                     continue
-                if item.missed_reason is not None:
-                    not_run.append((item, "MISSED", item.missed_reason))
-                elif row.paused:
-                    reason = "job is paused" + (
-                        f": {row.paused_reason}" if row.paused_reason else ""
-                    )
-                    not_run.append((item, "SKIPPED", reason))
-                elif name in holders and item.slot > now:
+                if verdict.fate is Fate.DEFERRED:
                     decided.deferred.append(item)
                     continue
-                elif name in holders:
-                    holder = holders[name]
-                    not_run.append(
-                        (
-                            item,
-                            "SKIPPED",
-                            f"overlap: execution {holder.id} is still running "
-                            f"on {holder.instance_id} (overlap='forbid')",
-                        )
-                    )
+                if verdict.fate is Fate.NOT_RUN:
+                    assert verdict.status is not None and verdict.reason is not None
+                    not_run.append((item, verdict.status, verdict.reason))
                 else:
                     runs.setdefault((item.slot, item.trigger, item.lease_ms), []).append(name)
                 advance.setdefault((item.slot, item.following), []).append(name)
@@ -379,7 +443,7 @@ async def claim_many(db: Database, items: list[Due], *, instance_id: str, now: d
                 job_name=name,
                 scheduled_at=item.slot,
                 trigger=item.trigger,
-                status="RUNNING",
+                status=Status.RUNNING,
                 attempt=1,
                 lease_until=now + timedelta(milliseconds=item.lease_ms),
                 lease_ms=item.lease_ms,

@@ -12,8 +12,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.store.dialects import Dialect
-from app.store.engine import NOWAIT, READ_ONLY, make_engine
+from app.store.dialects import NOWAIT, READ_ONLY, Dialect
+from app.store.engine import make_engine
 
 
 @dataclass

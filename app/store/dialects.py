@@ -12,12 +12,37 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, any_, bindparam, text
+import asyncpg
+from sqlalchemy import ColumnElement, Table, any_, bindparam, event, text
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.types import TypeEngine
+
+DRIVER_ERRORS: tuple[type[BaseException], ...] = (asyncpg.PostgresError, asyncpg.InterfaceError)
+"""Errors a driver raises unwrapped (asyncpg's while connecting; SQLAlchemy wraps the rest)."""
+
+# MySQL/MariaDB: access denied (1044, 1045), unknown database (1049).
+_REFUSED_MYSQL = frozenset({1044, 1045, 1049})
+
+
+def refused_login(exc: BaseException) -> bool:
+    """True when the database answered but refused us (credentials, unknown database): a
+    configuration error to report, not an outage to wait out. PostgreSQL says so with a
+    SQLSTATE of class 28 or 3D000, MySQL/MariaDB with an error number."""
+    orig = getattr(exc, "orig", None) or exc
+    code = getattr(orig, "sqlstate", None)
+    if isinstance(code, str) and (code.startswith("28") or code == "3D000"):
+        return True
+    args: tuple[object, ...] = tuple(getattr(orig, "args", ()))
+    return len(args) > 0 and args[0] in _REFUSED_MYSQL
+
+
+NOWAIT = "slotcron_nowait"
+"""Connection execution option: on SQLite, begin without waiting for the write lock."""
+READ_ONLY = "slotcron_read_only"
+"""Connection execution option: on SQLite, a deferred BEGIN that takes no write lock."""
 
 
 class Dialect:
@@ -31,6 +56,8 @@ class Dialect:
     now_sql: str | None = None
     # True where a statement in autocommit costs one round trip and switching to it none.
     free_autocommit = False
+    # True where UPDATE ... RETURNING exists (not MySQL/MariaDB).
+    update_returning = True
 
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
         # SCHEDULER_POOL_SIZE is the instance's whole allowance of connections: no overflow.
@@ -41,6 +68,9 @@ class Dialect:
             # a lost connection (a disconnect invalidates the whole pool).
             "pool_recycle": 1800,
         }
+
+    def configure(self, engine: AsyncEngine) -> None:
+        """Set up a new engine's connections for this database (SQLite only)."""
 
     def is_lock_unavailable(self, exc: BaseException) -> bool:
         """True when ``exc`` says the NOWAIT row lock (or a deadlock victim's) was refused."""
@@ -54,6 +84,9 @@ class Dialect:
         list's length."""
         return column.in_(bindparam(name, expanding=True))
 
+    # PostgreSQL's and SQLite's insert, whose ON CONFLICT ... DO UPDATE the two share.
+    conflict_insert: Callable[[Table], Any] | None = None
+
     def upsert(
         self,
         table: Table,
@@ -61,7 +94,14 @@ class Dialect:
         keys: Sequence[str],
         update: Sequence[str],
     ) -> Insert:
-        raise NotImplementedError
+        """Insert ``rows``; where one's ``keys`` exist, update its ``update`` columns."""
+        if self.conflict_insert is None:
+            raise NotImplementedError
+        stmt = self.conflict_insert(table).values(list(rows))
+        result: Insert = stmt.on_conflict_do_update(
+            index_elements=list(keys), set_={c: stmt.excluded[c] for c in update}
+        )
+        return result
 
     @asynccontextmanager
     async def migration_lock(self, conn: AsyncConnection) -> AsyncIterator[None]:
@@ -112,6 +152,7 @@ class Listening:
 
 class PostgreSQL(Dialect):
     name = "postgresql"
+    conflict_insert = staticmethod(postgresql.insert)
     free_autocommit = True  # asyncpg: autocommit is simply not sending BEGIN
     now_sql = "SELECT clock_timestamp()"
     _LOCK_CODES = frozenset({"55P03", "40P01", "40001"})
@@ -132,18 +173,6 @@ class PostgreSQL(Dialect):
         self, column: ColumnElement[Any], name: str, element: TypeEngine[Any]
     ) -> ColumnElement[bool]:
         return column == any_(bindparam(name, type_=postgresql.ARRAY(element)))
-
-    def upsert(
-        self,
-        table: Table,
-        rows: Sequence[Mapping[str, Any]],
-        keys: Sequence[str],
-        update: Sequence[str],
-    ) -> Insert:
-        stmt = postgresql.insert(table).values(list(rows))
-        return stmt.on_conflict_do_update(
-            index_elements=list(keys), set_={c: stmt.excluded[c] for c in update}
-        )
 
     async def notify(self, conn: AsyncConnection, channel: str, payload: str) -> None:
         await conn.execute(
@@ -181,6 +210,7 @@ class MySQL(Dialect):
 
     name = "mysql"
     now_sql = "SELECT UTC_TIMESTAMP(6)"
+    update_returning = False
     # 3572: MySQL's NOWAIT refusal; 1205: MariaDB's (lock wait timeout); 1213: deadlock victim.
     _LOCK_CODES = frozenset({3572, 1205, 1213})
 
@@ -226,11 +256,34 @@ class SQLite(Dialect):
     """
 
     name = "sqlite"
+    conflict_insert = staticmethod(sqlite.insert)
     busy_ms = 5000
     single_writer = True
 
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
         return {"pool_size": pool_size, "max_overflow": 0}
+
+    def configure(self, engine: AsyncEngine) -> None:
+        # The SQLAlchemy recipe for SQLite: take transaction control from the driver so we can
+        # say BEGIN IMMEDIATE ourselves (pysqlite's own BEGIN is deferred and upgrades too late).
+        @event.listens_for(engine.sync_engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        @event.listens_for(engine.sync_engine, "begin")
+        def _on_begin(conn: Any) -> None:
+            options = conn.get_execution_options()
+            wait = 0 if options.get(NOWAIT) else self.busy_ms
+            info = conn.connection.info
+            if info.get("busy_ms") != wait:  # one pragma per change, not per transaction
+                conn.exec_driver_sql(f"PRAGMA busy_timeout = {wait}")
+                info["busy_ms"] = wait
+            conn.exec_driver_sql("BEGIN" if options.get(READ_ONLY) else "BEGIN IMMEDIATE")
 
     def storage_clock(self, url: URL) -> datetime | None:
         """The kernel's clock, read off the mtime of a file beside the database.
@@ -254,18 +307,6 @@ class SQLite(Dialect):
     def is_lock_unavailable(self, exc: BaseException) -> bool:
         message = str(getattr(exc, "orig", exc)).lower()
         return "database is locked" in message or "database is busy" in message
-
-    def upsert(
-        self,
-        table: Table,
-        rows: Sequence[Mapping[str, Any]],
-        keys: Sequence[str],
-        update: Sequence[str],
-    ) -> Insert:
-        stmt = sqlite.insert(table).values(list(rows))
-        return stmt.on_conflict_do_update(
-            index_elements=list(keys), set_={c: stmt.excluded[c] for c in update}
-        )
 
 
 def dialect_for(url: URL) -> Dialect:

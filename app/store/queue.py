@@ -9,7 +9,8 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import DBAPIError
 
 from app.errors import RowBusy
-from app.store.claims import _LEASE_HOLDER, _LOCK_JOB, Claim
+from app.status import Status
+from app.store.claims import Claim, lease_holder, lock_job
 from app.store.database import Database
 from app.store.tables import executions
 
@@ -26,24 +27,12 @@ async def due(db: Database, *, now: datetime, limit: int = 100) -> list[Queued]:
         rows = (
             await conn.execute(
                 select(executions.c.id, executions.c.job_name, executions.c.available_at)
-                .where(executions.c.status == "QUEUED", executions.c.available_at <= now)
+                .where(executions.c.status == Status.QUEUED, executions.c.available_at <= now)
                 .order_by(executions.c.available_at)
                 .limit(limit)
             )
         ).all()
     return [Queued(int(r.id), r.job_name, r.available_at) for r in rows]
-
-
-async def next_due(db: Database) -> datetime | None:
-    async with db.read() as conn:
-        return (
-            await conn.execute(
-                select(executions.c.available_at)
-                .where(executions.c.status == "QUEUED")
-                .order_by(executions.c.available_at)
-                .limit(1)
-            )
-        ).scalar_one_or_none()
 
 
 async def take(
@@ -61,21 +50,16 @@ async def take(
     try:
         async with db.transaction(nowait=True) as conn:
             # The job's row lock orders this against claims, so forbid holds across both.
-            if (await conn.execute(_LOCK_JOB, {"p_job": job_name})).one_or_none() is None:
+            if await lock_job(conn, job_name) is None:
                 return None
-            if (
-                forbid_overlap
-                and (
-                    await conn.execute(_LEASE_HOLDER, {"p_job": job_name, "p_now": now})
-                ).one_or_none()
-            ):
+            if forbid_overlap and await lease_holder(conn, job_name, now) is not None:
                 return None
             lease_until = now + timedelta(milliseconds=lease_ms)
             result = await conn.execute(
                 update(executions)
-                .where(executions.c.id == execution_id, executions.c.status == "QUEUED")
+                .where(executions.c.id == execution_id, executions.c.status == Status.QUEUED)
                 .values(
-                    status="RUNNING",
+                    status=Status.RUNNING,
                     instance_id=instance_id,
                     started_at=now,
                     heartbeat_at=now,
@@ -97,7 +81,7 @@ async def take(
         job_name=job_name,
         scheduled_at=row.scheduled_at,
         trigger=row.trigger,
-        status="RUNNING",
+        status=Status.RUNNING,
         attempt=row.attempt,
         lease_until=lease_until,
         lease_ms=lease_ms,

@@ -105,7 +105,7 @@ async def finish_many(
         groups.setdefault((status, error), []).append(execution_id)
     recorded: set[int] = set()
     sql = _finish(db.dialect)
-    returning = db.engine.dialect.update_returning
+    returning = db.dialect.update_returning
     async with db.transaction() as conn:
         for (status, error), ids in groups.items():
             params = {
@@ -136,7 +136,7 @@ async def rehearse(conn: AsyncConnection, dialect: Dialect) -> None:
         "p_error": None,
         "p_now": datetime(2000, 1, 1, tzinfo=UTC),
     }
-    if conn.dialect.update_returning:
+    if dialect.update_returning:
         await conn.execute(sql.write_returning, params)
     else:
         await conn.execute(sql.lock_mine, params)

@@ -31,11 +31,12 @@ async def instance_state(db: Database, name: str) -> str | None:
 
 
 def first_start(path: Path, timeout: float = 20) -> dict[str, object]:
-    return wait_until(
+    start: dict[str, object] = wait_until(
         lambda: next((r for r in read_records(path) if r["event"] == "start"), None),
         timeout,
         "the first run to start",
     )
+    return start
 
 
 async def test_a_run_longer_than_the_drain_timeout_is_recorded_stopped_and_exit_is_0(
@@ -56,7 +57,7 @@ async def test_a_run_longer_than_the_drain_timeout_is_recorded_stopped_and_exit_
     took = time.monotonic() - sent
     assert code == 0, proc.log()
     assert 1.0 <= took < 8, f"shutdown took {took:.1f} s with a 1 s drain timeout"
-    record = await execution(db, int(started["id"]))  # type: ignore[arg-type]
+    record = await execution(db, int(str(started["id"])))
     assert record["status"] == "STOPPED"
     assert "shutdown" in str(record["error"])
     assert record["finished_at"] is not None
@@ -80,7 +81,7 @@ async def test_a_run_that_ends_within_the_drain_timeout_completes_and_nothing_ne
     proc.signal(signal.SIGTERM)
     code = await asyncio.to_thread(proc.wait, 20)
     assert code == 0, proc.log()
-    record = await execution(db, int(started["id"]))  # type: ignore[arg-type]
+    record = await execution(db, int(str(started["id"])))
     assert record["status"] == "COMPLETED"
     late_starts = [
         r for r in read_records(records_path) if r["event"] == "start" and r["wall"] > signalled_at
@@ -105,7 +106,7 @@ async def test_a_second_signal_skips_the_drain_and_stops_runs_at_once(
     code = await asyncio.to_thread(proc.wait, 15)
     assert code == 0, proc.log()
     assert time.monotonic() - sent < 5
-    record = await execution(db, int(started["id"]))  # type: ignore[arg-type]
+    record = await execution(db, int(str(started["id"])))
     assert record["status"] == "STOPPED"
 
 
@@ -124,7 +125,7 @@ async def test_a_run_that_ignores_cancellation_is_still_recorded_stopped_and_exi
     proc.signal(signal.SIGTERM)
     code = await asyncio.to_thread(proc.wait, 15)
     assert code == 0, proc.log()
-    record = await execution(db, int(started["id"]))  # type: ignore[arg-type]
+    record = await execution(db, int(str(started["id"])))
     assert record["status"] == "STOPPED"
     assert "cancel timeout" in str(record["error"])
     assert await instance_state(db, "stubborn") == "stopped"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -53,7 +54,7 @@ async def call(
     headers: dict[str, str] | None = None,
     json: Any = None,
     data: str | bytes | None = None,
-) -> tuple[int, dict[str, Any], aiohttp.typedefs.LooseHeaders]:
+) -> tuple[int, dict[str, Any], Mapping[str, str]]:
     async with client.request(method, url, headers=headers, json=json, data=data) as response:
         assert response.content_type == "application/json", await response.text()
         return response.status, await response.json(), response.headers
@@ -106,9 +107,9 @@ async def test_reads_list_jobs_executions_and_instances_in_the_cli_shapes_and_pa
     slots = [r["scheduled_at"] for r in first + second]
     assert slots == sorted(slots, reverse=True) and len(set(slots)) == 4  # newest first, no repeat
     # The same records the CLI's `history --json` prints (finished rows no longer change).
-    stored = {r.id: execution_json(r) for r in await list_executions(db, limit=500)}
+    recorded = {r.id: execution_json(r) for r in await list_executions(db, limit=500)}
     for record in first + second:
-        assert record == stored[record["id"]]
+        assert record == recorded[record["id"]]
 
     failed = await executions(client, url, status="FAILED", job="api.broken")
     assert failed and "RuntimeError: broken on purpose" in failed[0]["error"]

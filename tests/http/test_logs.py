@@ -15,7 +15,7 @@ import pytest
 
 from app.logs import JsonFormatter, TextFormatter, run_fields
 from tests.cluster.harness import read_records, wait_until
-from tests.http.conftest import Spawn
+from tests.conftest import Spawn
 
 RUN_KEYS = {"job", "slot", "execution_id", "instance", "outcome"}
 

@@ -13,8 +13,8 @@ import pytest
 
 from tests.cluster.harness import read_records
 from tests.cluster.test_shutdown import first_start
-from tests.conftest import wait_for
-from tests.http.conftest import Spawn, listening_url
+from tests.conftest import Spawn, wait_for
+from tests.http.conftest import listening_url
 from tests.http.test_metrics import scrape, value
 
 

@@ -115,15 +115,10 @@ async def test_a_batch_decides_each_job_by_the_rules_of_a_single_claim(db: Datab
     assert marks["gap"] == (None, SLOT - timedelta(minutes=2))
     # Each claim's id is the id of its own row.
     async with db.read() as conn:
-        ids = dict(
-            (
-                await conn.execute(
-                    select(executions.c.job_name, executions.c.id).where(
-                        executions.c.instance_id == "me"
-                    )
-                )
-            ).all()
+        mine = await conn.execute(
+            select(executions.c.job_name, executions.c.id).where(executions.c.instance_id == "me")
         )
+        ids = {str(row.job_name): int(row.id) for row in mine}
     assert {n: c.execution_id for n, c in decided.claims.items()} == ids
 
 
@@ -183,7 +178,8 @@ async def test_jobs_due_together_are_claimed_ahead_and_started_at_their_slot(
                     executions.c.scheduled_at == slot
                 )
             )
-            return sum(r.status == "RUNNING" and r.started_at == slot for r in rows) == 40
+            started: int = sum(r.status == "RUNNING" and r.started_at == slot for r in rows)
+            return started == 40
 
     await wait_for(all_claimed, what="the burst claimed ahead of its slot")
     assert ran == {}, "a run started before its slot"

@@ -182,9 +182,9 @@ async def test_a_slot_whose_row_was_busy_is_still_claimed(db: Database, backend:
     held, release = asyncio.Event(), asyncio.Event()
     holder = asyncio.create_task(hold_job_row(db, backend, held, release))
     await held.wait()
-    claiming = asyncio.create_task(
-        claimer.claim(registry.get("job"), SLOT, trigger="cron", following=SLOT)
-    )  # type: ignore[arg-type]
+    registered = registry.get("job")
+    assert registered is not None
+    claiming = asyncio.create_task(claimer.claim(registered, SLOT, trigger="cron", following=SLOT))
     await asyncio.sleep(0.3)
     assert not claiming.done(), "the claimer gave up on a busy row instead of retrying"
     release.set()

@@ -244,7 +244,8 @@ async def test_a_job_faster_than_the_lead_is_claimed_at_its_slots_not_ahead(
     for step in range(1, 9):  # to 00:00:10.060, one fast slot at a time
         await clock.set(T0 + timedelta(seconds=9.4 + step * 0.02))
         await wait_for(
-            lambda n=step: sum(name == "fast" for name, _ in ran) >= n, what=f"fast slot {step}"
+            lambda: sum(name == "fast" for name, _ in ran) >= step,  # noqa: B023 (awaited now)
+            what=f"fast slot {step}",
         )
         await outcomes_written(db)
     await wait_for(lambda: sum(name != "fast" for name, _ in ran) == 40, what="the burst")

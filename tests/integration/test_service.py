@@ -7,13 +7,15 @@ import itertools
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import pytest
 from sqlalchemy import select, update
 
 from app import JobContext
 from app.registry import Registry, cron, every
 from app.store.database import Database
-from app.store.tables import executions
+from app.store.tables import executions, instances
 from tests.conftest import ServiceFactory, wait_for
 
 
@@ -248,3 +250,43 @@ def _utc(text: str) -> datetime:
 
 
 _ = timedelta
+
+
+async def test_a_heartbeat_loop_that_raises_is_restarted_and_keeps_renewing(
+    db: Database, start_service: ServiceFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import app.roles
+    import app.store.runs
+
+    monkeypatch.setattr(app.roles, "RESTART_FIRST", 0.05)
+    real_renew = app.store.runs.renew
+    calls: list[object] = []
+
+    async def renew_with_a_bug_once(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in the renewal")
+        return await real_renew(*args, **kwargs)
+
+    monkeypatch.setattr(app.store.runs, "renew", renew_with_a_bug_once)
+    registry = Registry()
+
+    @every(seconds=3600, name="idle", registry=registry)
+    async def idle() -> None: ...
+
+    service = await start_service(list(registry), heartbeat_seconds=0.1)
+
+    async def beats() -> object:
+        async with db.read() as conn:
+            return await conn.scalar(
+                select(instances.c.heartbeat_at).where(
+                    instances.c.instance_id == service.instance_id
+                )
+            )
+
+    first = await beats()
+    await wait_for(lambda: service.heartbeat.restarts == 1, timeout=5, what="a restart")
+    problem = service.heartbeat.problem
+    assert problem is not None and "a bug in the renewal" in problem
+    await wait_for(lambda: len(calls) > 3, timeout=5, what="the restarted heartbeat to renew")
+    assert await beats() != first, "the instance row was renewed after the restart"

@@ -1,0 +1,115 @@
+"""Background roles are supervised: a loop that raises is logged, restarted and reported."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from app import roles
+from app.clock import ManualClock
+from app.roles import Collaborators, Role
+from app.store.database import Database
+from tests.conftest import wait_for
+
+
+class Flaky(Role):
+    """Raises on its first two runs, then loops counting its steps."""
+
+    name = "flaky"
+
+    def __init__(self, shared: Collaborators) -> None:
+        super().__init__(shared)
+        self.runs = 0
+        self.steps = 0
+
+    async def run(self) -> None:
+        self.runs += 1
+        if self.runs <= 2:
+            raise RuntimeError(f"bug number {self.runs}")
+        while True:
+            self.steps += 1
+            await asyncio.sleep(0.001)
+
+
+@pytest.fixture
+def shared(tmp_path: Path) -> Collaborators:
+    # These roles never touch their database: a handle to an unused SQLite file is enough.
+    url = make_url(f"sqlite+aiosqlite:///{tmp_path / 'unused.db'}")
+    return Collaborators(
+        db=Database.connect(url, 1),
+        clock=ManualClock(datetime(2030, 1, 1, tzinfo=UTC)),
+        instance_id="test",
+    )
+
+
+async def test_a_loop_that_raises_is_restarted_logged_once_with_its_traceback_and_reported(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, shared: Collaborators
+) -> None:
+    monkeypatch.setattr(roles, "RESTART_FIRST", 0.01)
+    caplog.set_level(logging.ERROR, logger="slotcron.roles")
+    role = Flaky(shared)
+    assert role.problem is None
+    role.start()
+    try:
+        await wait_for(lambda: role.steps > 10, timeout=5, what="the restarted loop to run")
+        assert role.runs == 3 and role.restarts == 2
+        problem = role.problem
+        assert problem is not None and "flaky" in problem and "bug number 2" in problem
+        failures = [r for r in caplog.records if "flaky loop failed" in r.getMessage()]
+        assert len(failures) == 2
+        assert failures[0].exc_info, "the first failure carries its traceback"
+        assert not failures[1].exc_info, "later ones are one line each"
+    finally:
+        await role.stop()
+    assert role._task is None
+
+
+async def test_a_problem_is_reported_only_while_it_is_recent(
+    monkeypatch: pytest.MonkeyPatch, shared: Collaborators
+) -> None:
+    monkeypatch.setattr(roles, "RESTART_FIRST", 0.01)
+    role = Flaky(shared)
+    role.start()
+    try:
+        await wait_for(lambda: role.steps > 0, timeout=5, what="the restarted loop to run")
+        assert role.problem is not None
+        monkeypatch.setattr(roles, "PROBLEM_SECONDS", 0.0)
+        assert role.problem is None
+    finally:
+        await role.stop()
+
+
+async def test_stopping_a_role_that_must_finish_its_step_waits_for_it(
+    shared: Collaborators,
+) -> None:
+    class Patient(Role):
+        name = "patient"
+        cancel_on_stop = False
+
+        def __init__(self, shared: Collaborators) -> None:
+            super().__init__(shared)
+            self.closing = asyncio.Event()
+            self.finished_step = False
+            self.released = False
+
+        async def request_stop(self) -> None:
+            self.closing.set()
+
+        async def stopped(self) -> None:
+            self.released = True
+
+        async def run(self) -> None:
+            await self.closing.wait()
+            await asyncio.sleep(0.05)  # the step under way when asked to stop
+            self.finished_step = True
+
+    role = Patient(shared)
+    role.start()
+    await asyncio.sleep(0.02)
+    await role.stop()
+    assert role.finished_step and role.released
