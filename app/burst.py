@@ -27,7 +27,7 @@ from app.firing import Firing
 from app.registry import Job
 from app.slots import Schedule
 from app.status import Status
-from app.store.claims import Due
+from app.store.batch import Due
 
 log = logging.getLogger("slotcron.scheduler")
 

@@ -19,8 +19,10 @@ from app.outage import DB_ERRORS, Backoff
 from app.registry import Job
 from app.roles import Collaborators
 from app.status import Status
+from app.store import batch as batch_store
 from app.store import claims as claim_store
-from app.store.claims import Claim, Decided, Due
+from app.store.batch import Decided, Due
+from app.store.claims import Claim
 
 log = logging.getLogger("slotcron.claims")
 
@@ -140,7 +142,7 @@ class Claimer:
         together_until = start + (give_up_at - start) * HELD_TOGETHER
         while pending and not self.closing:
             try:
-                decided = await claim_store.claim_many(
+                decided = await batch_store.claim_many(
                     self.db, pending, instance_id=self.instance_id, now=self.clock.now()
                 )
             except RowBusy:  # SQLite: another process is writing
@@ -175,7 +177,7 @@ class Claimer:
             self.stats.busy_retries += len(pending)
             await asyncio.sleep(min(random.uniform(0.002, 0.006) * tries, 0.05))
             try:
-                open_ = await claim_store.still_open(self.db, pending)
+                open_ = await batch_store.still_open(self.db, pending)
             except DB_ERRORS:
                 continue
             closed = {i.job_name for i in pending} - {i.job_name for i in open_}

@@ -36,6 +36,7 @@ from app.runner import Runner
 from app.shutdown import Signals, shut_down
 from app.slots import Schedule
 from app.status import InstanceState
+from app.store import batch as batch_store
 from app.store import claims as claim_store
 from app.store import lifeline, migrate, registrations
 from app.store import runs as run_store
@@ -231,7 +232,8 @@ class Service:
                 )
 
     async def _rehearse(self, conn: AsyncConnection) -> None:
-        await claim_store.rehearse(conn, self.db.dialect)
+        await claim_store.rehearse(conn)
+        await batch_store.rehearse(conn, self.db.dialect)
         await run_store.rehearse(conn, self.db.dialect)
 
     async def start(self, stop: asyncio.Event | None = None) -> None:

@@ -15,10 +15,10 @@ from app.clock import ManualClock, SystemClock
 from app.errors import RowBusy
 from app.registry import Registry, cron
 from app.roles import Collaborators
-from app.store import claims as claim_store
+from app.store import batch as batch_store
 from app.store import registrations
 from app.store import runs as run_store
-from app.store.claims import Due
+from app.store.batch import Due
 from app.store.database import Database
 from app.store.registrations import JobRow
 from app.store.tables import executions, jobs
@@ -69,7 +69,7 @@ async def test_a_batch_decides_each_job_by_the_rules_of_a_single_claim(db: Datab
         )
     # "overlapping" has a run from the previous slot still holding its lease; "taken" was
     # already decided by someone else; "gap" expects a slot before this one.
-    before = await claim_store.claim_many(
+    before = await batch_store.claim_many(
         db,
         [due("overlapping", SLOT - timedelta(minutes=1)), due("taken", SLOT)],
         instance_id="other",
@@ -83,7 +83,7 @@ async def test_a_batch_decides_each_job_by_the_rules_of_a_single_claim(db: Datab
             .values(next_slot_at=SLOT - timedelta(minutes=2))
         )
 
-    decided = await claim_store.claim_many(
+    decided = await batch_store.claim_many(
         db,
         [due(n, forbid=n != "allow") for n in names],
         instance_id="me",
@@ -128,12 +128,12 @@ async def test_a_slot_claimed_ahead_starts_at_its_time_and_defers_a_held_lease(
     """Claimed before its time, a run is recorded as starting at its slot; a forbid job whose
     previous run still holds the lease is left undecided, for overlap is judged at the slot."""
     await register(db, ["ahead", "busy"])
-    await claim_store.claim_many(
+    await batch_store.claim_many(
         db, [due("busy", SLOT - timedelta(minutes=1))], instance_id="other", now=NOW
     )
     early = SLOT - timedelta(milliseconds=40)
 
-    decided = await claim_store.claim_many(
+    decided = await batch_store.claim_many(
         db, [due("ahead"), due("busy")], instance_id="me", now=early
     )
 
@@ -147,7 +147,7 @@ async def test_a_slot_claimed_ahead_starts_at_its_time_and_defers_a_held_lease(
     assert ("busy", SLOT.isoformat()) not in await recorded(db)
     assert (await high_water(db))["busy"] == (SLOT - timedelta(minutes=1), SLOT)
     # At its time, the same lease still held: now it is SKIPPED, as a single claim would.
-    at_slot = await claim_store.claim_many(db, [due("busy")], instance_id="me", now=NOW)
+    at_slot = await batch_store.claim_many(db, [due("busy")], instance_id="me", now=NOW)
     assert at_slot.claims["busy"].status == "SKIPPED"
 
 
@@ -199,7 +199,7 @@ async def test_jobs_due_together_are_claimed_ahead_and_started_at_their_slot(
 async def test_a_batch_naming_an_unregistered_job_records_nothing(db: Database) -> None:
     await register(db, ["known"])
     with pytest.raises(LookupError, match="ghost"):
-        await claim_store.claim_many(db, [due("known"), due("ghost")], instance_id="me", now=NOW)
+        await batch_store.claim_many(db, [due("known"), due("ghost")], instance_id="me", now=NOW)
     assert await recorded(db) == {}
 
 
@@ -211,7 +211,7 @@ async def test_rows_another_claimer_holds_are_handed_back_undecided(
         if backend == "sqlite":
             async with conn.begin():  # the whole database is the lock
                 with pytest.raises(RowBusy):
-                    await claim_store.claim_many(
+                    await batch_store.claim_many(
                         db, [due("free"), due("held")], instance_id="me", now=NOW
                     )
             return
@@ -221,7 +221,7 @@ async def test_rows_another_claimer_holds_are_handed_back_undecided(
             )
             loop = asyncio.get_running_loop()
             started = loop.time()
-            decided = await claim_store.claim_many(
+            decided = await batch_store.claim_many(
                 db, [due("free"), due("held")], instance_id="me", now=NOW
             )
             waited = loop.time() - started
@@ -293,10 +293,10 @@ async def test_outcomes_recorded_together_touch_only_this_instances_running_runs
     db: Database,
 ) -> None:
     await register(db, ["mine", "also-mine", "theirs", "abandoned"])
-    mine = await claim_store.claim_many(
+    mine = await batch_store.claim_many(
         db, [due("mine"), due("also-mine"), due("abandoned")], instance_id="me", now=NOW
     )
-    theirs = await claim_store.claim_many(db, [due("theirs")], instance_id="them", now=NOW)
+    theirs = await batch_store.claim_many(db, [due("theirs")], instance_id="them", now=NOW)
     abandoned = mine.claims["abandoned"].execution_id
     async with db.transaction() as conn:
         await conn.execute(
