@@ -6,6 +6,8 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
@@ -14,6 +16,8 @@ from app.store.dialects import DRIVER_ERRORS
 from app.store.dialects import refused_login as refused_login
 
 log = logging.getLogger("slotcron.outage")
+
+T = TypeVar("T")
 
 # What a lost or refused connection looks like through each driver.
 DB_ERRORS: tuple[type[BaseException], ...] = (
@@ -50,6 +54,20 @@ class Outage:
                 doing,
                 describe(exc),
             )
+
+    async def until_done(self, doing: str, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()`` until it succeeds, waiting out database trouble with a :class:`Backoff`:
+        for writes that must happen (an outcome), however long the outage lasts."""
+        backoff = Backoff()
+        while True:
+            try:
+                result = await call()
+            except DB_ERRORS as exc:
+                self.failed(exc, doing)
+                await backoff.wait()
+                continue
+            self.recovered()
+            return result
 
     def recovered(self) -> None:
         if self.since is not None:

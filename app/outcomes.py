@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 
 from app.logs import run_fields
-from app.outage import DB_ERRORS, Backoff
 from app.roles import Collaborators, Role
 from app.status import Status
 from app.store import runs as run_store
@@ -78,43 +77,29 @@ class Outcomes(Role):
                         done.set_result(execution_id in recorded)
 
     async def _write(self, batch: list[_Pending]) -> set[int]:
-        backoff = Backoff()
-        while True:
-            try:
-                recorded = await run_store.finish_many(
-                    self.db,
-                    [(i, status, error) for i, status, error, _ in batch],
-                    instance_id=self.instance_id,
-                    now=self.clock.now(),
-                )
-            except DB_ERRORS as exc:
-                self.outage.failed(exc, f"recording the end of {len(batch)} runs")
-                await backoff.wait()
-                continue
-            self.outage.recovered()
-            return recorded
+        outcomes = [(i, status, error) for i, status, error, _ in batch]
+        return await self.outage.until_done(
+            f"recording the end of {len(batch)} runs",
+            lambda: run_store.finish_many(
+                self.db, outcomes, instance_id=self.instance_id, now=self.clock.now()
+            ),
+        )
 
     async def _finish_and_retry(
         self, claim: Claim, status: Status, error: str | None, retry_backoff: float
     ) -> bool:
-        backoff = Backoff()
-        while True:
-            try:
-                recorded = await run_store.finish(
-                    self.db,
-                    execution_id=claim.execution_id,
-                    instance_id=self.instance_id,
-                    status=status,
-                    now=self.clock.now(),
-                    error=error,
-                    retry_backoff=retry_backoff,
-                )
-            except DB_ERRORS as exc:
-                self.outage.failed(exc, f"recording the end of execution {claim.execution_id}")
-                await backoff.wait()
-                continue
-            self.outage.recovered()
-            return recorded
+        return await self.outage.until_done(
+            f"recording the end of execution {claim.execution_id}",
+            lambda: run_store.finish(
+                self.db,
+                execution_id=claim.execution_id,
+                instance_id=self.instance_id,
+                status=status,
+                now=self.clock.now(),
+                error=error,
+                retry_backoff=retry_backoff,
+            ),
+        )
 
     def _log(self, claim: Claim, status: Status, error: str | None, recorded: bool) -> None:
         if status == Status.FAILED:
