@@ -61,6 +61,7 @@ class Service:
         self.instance_id = settings.instance_id
         self.db = Database.connect(settings.url, settings.pool_size)
         self.clock: Clock = clock if clock is not None else DatabaseClock(self.db.clock_sample)
+        self.db.server_clock = isinstance(self.clock, DatabaseClock)
         self.outage = Outage()
         self.runs = Runs()
         self.state: str = InstanceState.STARTING
@@ -232,8 +233,8 @@ class Service:
                 )
 
     async def _rehearse(self, conn: AsyncConnection) -> None:
-        await claim_store.rehearse(conn)
-        await batch_store.rehearse(conn, self.db.dialect)
+        await claim_store.rehearse(self.db, conn)
+        await batch_store.rehearse(self.db, conn)
         await run_store.rehearse(conn, self.db.dialect)
 
     async def start(self, stop: asyncio.Event | None = None) -> None:

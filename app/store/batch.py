@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.errors import RowBusy
 from app.status import Status
 from app.store.claims import Claim, Fate, execution_row, judge
-from app.store.database import Database
+from app.store.database import Database, now_in_sql
 from app.store.dialects import Dialect
 from app.store.tables import UTCDateTime, executions, jobs
 
@@ -38,7 +38,7 @@ class _Batch:
 
 
 @functools.cache
-def _batch(dialect: Dialect) -> _Batch:
+def _batch(dialect: Dialect, server_clock: bool = False) -> _Batch:
     names = dialect.among(jobs.c.name, "p_names", String())
     now = bindparam("p_now", type_=UTCDateTime())
     # A run's row is built by the database from each job name: one statement, whatever the
@@ -76,7 +76,7 @@ def _batch(dialect: Dialect) -> _Batch:
         holders=select(executions.c.job_name, executions.c.id, executions.c.instance_id).where(
             dialect.among(executions.c.job_name, "p_names", String()),
             executions.c.status == Status.RUNNING,
-            executions.c.lease_until > now,
+            executions.c.lease_until > now_in_sql(dialect, server_clock),
         ),
         insert_runs=insert(executions)
         .from_select(columns, runs)
@@ -138,7 +138,7 @@ async def claim_many(db: Database, items: list[Due], *, instance_id: str, now: d
     ``SKIPPED``, since overlap is judged when the slot comes."""
     decided = Decided()
     by_name = {item.job_name: item for item in items}
-    sql = _batch(db.dialect)
+    sql = _batch(db.dialect, db.server_clock)
     try:
         async with db.transaction(nowait=True) as conn:
             locked = await _lock(conn, sql, by_name, decided)
@@ -322,9 +322,9 @@ async def still_open(db: Database, items: list[Due]) -> list[Due]:
     return [i for i in items if (h := high.get(i.job_name)) is None or h < i.slot]
 
 
-async def rehearse(conn: AsyncConnection, dialect: Dialect) -> None:
+async def rehearse(db: Database, conn: AsyncConnection) -> None:
     """Run the batch statements once, deciding nothing (see :func:`app.store.claims.rehearse`)."""
-    sql = _batch(dialect)
+    sql = _batch(db.dialect, db.server_clock)
     nobody: dict[str, Any] = {"p_names": []}
     epoch = datetime(2000, 1, 1, tzinfo=UTC)
     await conn.execute(sql.lock, nobody)

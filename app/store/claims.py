@@ -29,7 +29,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.errors import RowBusy, SlotsUndecided, SlotTaken
 from app.status import Status
-from app.store.database import Database
+from app.store.database import Database, now_in_sql
+from app.store.dialects import Dialect
 from app.store.tables import UTCDateTime, executions, jobs
 
 # Built once: a claim is on the hot path, and SQLAlchemy then only looks up the cached SQL.
@@ -38,15 +39,25 @@ _LOCK_JOB = (
     .where(jobs.c.name == bindparam("p_job"))
     .with_for_update(nowait=True)
 )
-_LEASE_HOLDER = (
-    select(executions.c.id, executions.c.instance_id)
-    .where(
-        executions.c.job_name == bindparam("p_job"),
-        executions.c.status == Status.RUNNING,
-        executions.c.lease_until > bindparam("p_now", type_=UTCDateTime()),
+
+
+def _lease_holder(db: Database) -> Any:
+    return _lease_holder_sql(db.dialect, db.server_clock)
+
+
+@functools.cache
+def _lease_holder_sql(dialect: Dialect, server_clock: bool) -> Any:
+    return (
+        select(executions.c.id, executions.c.instance_id, executions.c.lease_until)
+        .where(
+            executions.c.job_name == bindparam("p_job"),
+            executions.c.status == Status.RUNNING,
+            executions.c.lease_until > now_in_sql(dialect, server_clock),
+        )
+        .limit(1)
     )
-    .limit(1)
-)
+
+
 _INSERT = insert(executions)
 _ADVANCE = (
     update(jobs)
@@ -122,9 +133,11 @@ async def lock_job(conn: AsyncConnection, job_name: str) -> Any:
     return (await conn.execute(_LOCK_JOB, {"p_job": job_name})).one_or_none()
 
 
-async def lease_holder(conn: AsyncConnection, job_name: str, now: datetime) -> Any:
-    """A run of the job that still holds its lease at ``now``, or None."""
-    return (await conn.execute(_LEASE_HOLDER, {"p_job": job_name, "p_now": now})).one_or_none()
+async def lease_holder(db: Database, conn: AsyncConnection, job_name: str, now: datetime) -> Any:
+    """A run of the job that still holds its lease (by the database's clock, or ``now`` where
+    the scheduler's clock is a test's), or None."""
+    query = _lease_holder(db)
+    return (await conn.execute(query, {"p_job": job_name, "p_now": now})).one_or_none()
 
 
 @dataclass(frozen=True)
@@ -182,7 +195,7 @@ async def claim_slot(
             )
             verdict = rules(holder=None)
             if verdict.fate is Fate.RUN and forbid_overlap:  # only then is the lease read
-                verdict = rules(holder=await lease_holder(conn, job_name, now))
+                verdict = rules(holder=await lease_holder(db, conn, job_name, now))
             if verdict.fate is Fate.TAKEN:
                 raise SlotTaken(f"{job_name} @ {slot.isoformat()}")
             if verdict.fate is Fate.UNDECIDED:
@@ -220,12 +233,12 @@ async def claim_slot(
     )
 
 
-async def rehearse(conn: AsyncConnection) -> None:
+async def rehearse(db: Database, conn: AsyncConnection) -> None:
     """Run the single claim's statements once, deciding nothing (no job matches): called on each
     pooled connection at start-up, in a transaction that is rolled back."""
     epoch = datetime(2000, 1, 1, tzinfo=UTC)
     await conn.execute(_LOCK_JOB, {"p_job": ""})
-    await conn.execute(_LEASE_HOLDER, {"p_job": "", "p_now": epoch})
+    await conn.execute(_lease_holder(db), {"p_job": "", "p_now": epoch})
     await conn.execute(_ADVANCE, {"p_job": "", "p_slot": epoch, "p_next": epoch})
 
 

@@ -7,13 +7,26 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import ColumnElement, bindparam, func, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.store.dialects import NOWAIT, READ_ONLY, Dialect
 from app.store.engine import make_engine
+from app.store.tables import UTCDateTime
+
+
+def now_in_sql(dialect: Dialect, server_clock: bool, name: str = "p_now") -> ColumnElement[Any]:
+    """The time to judge leases by, in SQL: the database's own clock where the scheduler runs
+    by it (``server_clock``) and the database has one, else the bound parameter ``name`` (the
+    scheduler's clock: SQLite's storage clock, or a test's manual clock)."""
+    param = bindparam(name, type_=UTCDateTime())
+    server = dialect.server_now() if server_clock else None
+    # COALESCE keeps the parameter in the statement (never used: the clock is never NULL), so
+    # every caller binds it whichever clock decides.
+    return param if server is None else func.coalesce(server, param)
 
 
 @dataclass
@@ -21,6 +34,15 @@ class Database:
     engine: AsyncEngine
     dialect: Dialect
     _writer: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    server_clock: bool = False
+    """True when the scheduler's clock is this database's: judgements about other instances'
+    leases are then made by the database's own ``now()`` inside SQL, so that no instance's
+    view of time (stepped, paused, skewed) can decide another's run lapsed. False with a test's
+    manual clock, whose time the database does not know."""
+
+    def now_in_sql(self, name: str = "p_now") -> ColumnElement[Any]:
+        """The time to judge leases by, in SQL: see :func:`now_in_sql`."""
+        return now_in_sql(self.dialect, self.server_clock, name)
 
     @classmethod
     def connect(cls, url: URL, pool_size: int = 10) -> Database:

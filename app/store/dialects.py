@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
-from sqlalchemy import ColumnElement, Table, any_, bindparam, event, text
+from sqlalchemy import ColumnElement, Table, any_, bindparam, event, literal_column, text
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -122,6 +122,11 @@ class Dialect:
         """Hold a pooled connection listening on ``channel``; None where the database has no
         notifications."""
         return None
+
+    def server_now(self) -> ColumnElement[Any] | None:
+        """The database's own clock as a SQL expression, read when the statement runs; None
+        where the database has no clock of its own (SQLite: its storage clock is sampled)."""
+        return literal_column(self.now_sql.removeprefix("SELECT ")) if self.now_sql else None
 
     def parse_now(self, value: Any) -> datetime:
         if isinstance(value, datetime):

@@ -31,7 +31,7 @@ async def pending(
     query = union_all(
         select(literal("lapsed").label("what"), func.count().label("n"))
         .select_from(executions)
-        .where(executions.c.status == "RUNNING", executions.c.lease_until < now),
+        .where(executions.c.status == "RUNNING", executions.c.lease_until < db.now_in_sql()),
         select(literal("silent"), func.count())
         .select_from(instances)
         .where(instances.c.state != "stopped", instances.c.heartbeat_at < silent_before),
@@ -40,5 +40,5 @@ async def pending(
         .where(jobs.c.next_slot_at < overdue_before),
     )
     async with db.alone(write=False) as conn:
-        counts = {row.what: int(row.n) for row in await conn.execute(query)}
+        counts = {row.what: int(row.n) for row in await conn.execute(query, {"p_now": now})}
     return Pending(counts["lapsed"], counts["silent"], counts["overdue"])

@@ -35,7 +35,8 @@ async def take(db: Database, *, instance_id: str, now: datetime, lease: float) -
             update(leader)
             .where(
                 leader.c.name == LEADER_ROW,
-                (leader.c.instance_id == instance_id) | (leader.c.lease_until < now),
+                # Whether another's lease lapsed is judged by the database's clock.
+                (leader.c.instance_id == instance_id) | (leader.c.lease_until < db.now_in_sql()),
             )
             # MariaDB/MySQL evaluate SET left to right, reading values already assigned:
             # `since` must be computed before `instance_id` changes.
@@ -46,7 +47,8 @@ async def take(db: Database, *, instance_id: str, now: datetime, lease: float) -
                 ),
                 (leader.c.instance_id, instance_id),
                 (leader.c.lease_until, now + timedelta(seconds=lease)),
-            )
+            ),
+            {"p_now": now},
         )
         took = result.rowcount == 1
         if took:

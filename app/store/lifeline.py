@@ -65,7 +65,7 @@ async def abandon_lapsed(db: Database, *, now: datetime, limit: int = 200) -> li
         db,
         now=now,
         limit=limit,
-        which=executions.c.lease_until < now,
+        which=executions.c.lease_until < db.now_in_sql(),
         why=lambda row: (
             f"instance {row.instance_id} stopped renewing the lease, which lapsed at "
             f"{row.lease_until.isoformat()}"
@@ -106,7 +106,8 @@ async def _abandon(
                 )
                 .where(executions.c.status == "RUNNING", which)
                 .order_by(executions.c.lease_until)
-                .limit(limit)
+                .limit(limit),
+                {"p_now": now},
             )
         ).all()
     found: list[Abandoned] = []

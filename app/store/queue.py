@@ -52,7 +52,7 @@ async def take(
             # The job's row lock orders this against claims, so forbid holds across both.
             if await lock_job(conn, job_name) is None:
                 return None
-            if forbid_overlap and await lease_holder(conn, job_name, now) is not None:
+            if forbid_overlap and await lease_holder(db, conn, job_name, now) is not None:
                 return None
             lease_until = now + timedelta(milliseconds=lease_ms)
             result = await conn.execute(

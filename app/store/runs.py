@@ -197,6 +197,9 @@ async def renew(
             await conn.execute(beat)
         return None
     complete = True
+    # Only leases still live are extended (judged by the database's clock): a lapsed lease is
+    # never revived, since another instance may already have judged its run ABANDONED.
+    live = executions.c.lease_until > db.now_in_sql()
     async with db.transaction() as conn:
         for lease_ms, expected in lease_counts.items():
             result = await conn.execute(
@@ -205,8 +208,10 @@ async def renew(
                     executions.c.instance_id == instance_id,
                     executions.c.status == "RUNNING",
                     executions.c.lease_ms == lease_ms,
+                    live,
                 )
-                .values(heartbeat_at=now, lease_until=now + timedelta(milliseconds=lease_ms))
+                .values(heartbeat_at=now, lease_until=now + timedelta(milliseconds=lease_ms)),
+                {"p_now": now},
             )
             complete = complete and result.rowcount == expected
         await conn.execute(beat)
@@ -214,7 +219,9 @@ async def renew(
             return None
         rows = await conn.execute(
             select(executions.c.id).where(
-                executions.c.instance_id == instance_id, executions.c.status == "RUNNING"
+                executions.c.instance_id == instance_id,
+                executions.c.status == "RUNNING",
+                executions.c.heartbeat_at == now,
             )
         )
         return {int(r.id) for r in rows}
