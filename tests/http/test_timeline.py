@@ -75,7 +75,9 @@ async def add_run(
                 state={},
             )
         )
-    return int(result.inserted_primary_key[0])
+    key = result.inserted_primary_key
+    assert key is not None
+    return int(key[0])
 
 
 async def get(
