@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, and_, exists, func, select
+from sqlalchemy import Integer, Select, and_, bindparam, exists, func, select
 from sqlalchemy.orm import aliased
 
 from app.store.database import Database
@@ -81,9 +81,10 @@ _COLUMNS = (
 )
 
 
-def _slots_of(job: str, limit: int) -> Select[Any]:
+def _slots_query() -> Select[Any]:
     # The latest attempt of each slot: no row of the same slot has a higher attempt. Both the
-    # scan and the NOT EXISTS probe are ranges of the unique key.
+    # scan and the NOT EXISTS probe are ranges of the unique key. Built once, with the job and
+    # the limit as parameters: one compiled statement (one prepared statement per connection).
     newer_attempt = exists().where(
         and_(
             _later.c.job_name == executions.c.job_name,
@@ -93,10 +94,14 @@ def _slots_of(job: str, limit: int) -> Select[Any]:
     )
     return (
         select(*_COLUMNS)
-        .where(executions.c.job_name == job, ~newer_attempt)
+        .where(executions.c.job_name == bindparam("p_job"), ~newer_attempt)
         .order_by(executions.c.scheduled_at.desc(), executions.c.attempt.desc())
-        .limit(limit)
+        .limit(bindparam("p_limit", type_=Integer()))
     )
+
+
+SLOTS = _slots_query()
+"""One job's last slots, newest first: parameters ``p_job`` and ``p_limit``."""
 
 
 async def timelines(db: Database, names: Sequence[str], *, limit: int) -> list[JobTimeline]:
@@ -115,7 +120,7 @@ async def timelines(db: Database, names: Sequence[str], *, limit: int) -> list[J
             )
         }
         for name in wanted:
-            found = (await conn.execute(_slots_of(name, limit))).all()
+            found = (await conn.execute(SLOTS, {"p_job": name, "p_limit": limit})).all()
             row = rows.get(name)
             out.append(
                 JobTimeline(
