@@ -338,9 +338,6 @@ async def test_the_timeline_colours_each_slot_by_outcome_and_a_cell_opens_it_on_
             assert await page.evaluate(
                 "document.querySelectorAll('#job-history tr[data-status=\"FAILED\"]').length"
             )
-            shot = tmp_path / "job-page.png"
-            await page.screenshot(shot)
-            await asyncio.to_thread(keep, shot)
             await page.click('#job-controls button[data-action="pause"]')
             await wait_for(lambda: _paused(db, "billing.sync"), what="billing.sync paused")
             await page.wait_for(
@@ -353,6 +350,16 @@ async def test_the_timeline_colours_each_slot_by_outcome_and_a_cell_opens_it_on_
                 "/queued execution \\d+/.test(document.getElementById('notice').textContent)",
                 what="the restart to be queued",
             )
+            # Closing the execution leaves the job's page.
+            await page.click("#execution-close")
+            await page.wait_for(
+                "document.getElementById('execution-detail').hidden"
+                " && !document.getElementById('job-page').hidden",
+                what="the execution closed",
+            )
+            shot = tmp_path / "job-page.png"
+            await page.screenshot(shot)
+            await asyncio.to_thread(keep, shot)
     finally:
         release.set()
 
