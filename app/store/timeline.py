@@ -1,9 +1,9 @@
 """The slot timeline: each job's last slots and what became of them, for the dashboard.
 
-Every read here is bounded and walks an index: a job's timeline is one query per job down the
+No read here grows with the length of the history: a job's timeline is one query down the
 unique key ``(job_name, scheduled_at, attempt)``, newest slot first, at most ``limit`` rows; the
 change marker reads the primary key's two ends, the in-flight rows (the ``(status, ...)``
-index) and the paused jobs. None of it grows with the length of the history.
+index) and the job rows (one per job, as ``/api/jobs`` does).
 
 A schedule id is a job name here: its executions carry the id in ``job_name``.
 """
