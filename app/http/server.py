@@ -20,6 +20,7 @@ from app.http.api import AdminApi
 from app.http.auth import TokenCheck
 from app.http.errors import json_errors
 from app.http.probes import Probes
+from app.http.timeline import TimelineApi
 from app.metrics import InstanceCollector, PrometheusMetrics
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ def build_app(service: Service, metrics: PrometheusMetrics) -> web.Application:
     app.router.add_post("/api/jobs/{name:.+}/pause", api.pause)
     app.router.add_post("/api/jobs/{name:.+}/resume", api.resume)
     app.router.add_post("/api/executions/{id}/restart", api.restart)
+    TimelineApi(service, auth).register(app)
     for path, (name, content_type) in _STATIC.items():
         app.router.add_get(path, _static(name, content_type))
     return app

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import RowMapping, select
 
 from app.store.database import Database
 from app.store.tables import executions
@@ -58,22 +58,24 @@ async def list_executions(
         query = query.offset(offset)
     async with db.read() as conn:
         rows = (await conn.execute(query)).mappings().all()
-    return [
-        ExecutionRecord(
-            id=int(r["id"]),
-            job=r["job_name"],
-            scheduled_at=r["scheduled_at"],
-            trigger=r["trigger"],
-            status=r["status"],
-            attempt=r["attempt"],
-            instance_id=r["instance_id"],
-            started_at=r["started_at"],
-            finished_at=r["finished_at"],
-            heartbeat_at=r["heartbeat_at"],
-            lease_until=r["lease_until"],
-            error=r["error"],
-            params=r["params"] or {},
-            state=r["state"] or {},
-        )
-        for r in rows
-    ]
+    return [execution_record(r) for r in rows]
+
+
+def execution_record(r: RowMapping) -> ExecutionRecord:
+    """An execution row (as a mapping) as a record."""
+    return ExecutionRecord(
+        id=int(r["id"]),
+        job=r["job_name"],
+        scheduled_at=r["scheduled_at"],
+        trigger=r["trigger"],
+        status=r["status"],
+        attempt=r["attempt"],
+        instance_id=r["instance_id"],
+        started_at=r["started_at"],
+        finished_at=r["finished_at"],
+        heartbeat_at=r["heartbeat_at"],
+        lease_until=r["lease_until"],
+        error=r["error"],
+        params=r["params"] or {},
+        state=r["state"] or {},
+    )
