@@ -13,11 +13,11 @@ from importlib import resources
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
 from app.errors import ConfigError
 from app.http.api import AdminApi
-from app.http.auth import TokenCheck
+from app.http.auth import HostCheck, TokenCheck
 from app.http.errors import json_errors
 from app.http.probes import Probes
 from app.metrics import InstanceCollector, PrometheusMetrics
@@ -78,6 +78,11 @@ class HttpServer:
         bound = runner.addresses[0]
         self.port = int(bound[1])  # the port the kernel chose, when configured as 0
         log.info("http listening on %s", self.url)
+        log.log(
+            logging.INFO if self.service.settings.admin_token is not None else logging.WARNING,
+            "%s",
+            self.service.settings.admin_api_protection,
+        )
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
@@ -86,11 +91,29 @@ class HttpServer:
             log.info("http stopped")
 
 
+_PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+def _host_guard(hosts: HostCheck) -> Middleware:
+    """The API and the dashboard answer only to this server's own names (see
+    :class:`HostCheck`); the probes answer to any, as a kubelet asks by pod IP or name."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in _PROBES:
+            hosts.check(request)
+        return await handler(request)
+
+    return guard
+
+
 def build_app(service: Service, metrics: PrometheusMetrics) -> web.Application:
-    auth = TokenCheck(service.settings.admin_token)
+    settings = service.settings
+    auth = TokenCheck(settings.admin_token)
+    hosts = HostCheck(settings.http_host, settings.http_allowed_hosts)
     probes = Probes(service, metrics.registry)
     api = AdminApi(service, auth)
-    app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY)
+    app = web.Application(middlewares=[json_errors, _host_guard(hosts)], client_max_size=MAX_BODY)
     app.router.add_get("/healthz", probes.healthz)
     app.router.add_get("/readyz", probes.readyz)
     app.router.add_get("/metrics", probes.metrics)
