@@ -303,7 +303,9 @@ def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
     rows = []
     for r in records:
         took = f"{r.duration_ms / 1000:.2f}s" if r.duration_ms is not None else ""
-        first_error = (r.error or "").strip().splitlines()
+        # "\n" only: splitlines() would also split at a "\r" or "\x1c" a job wrote, and show
+        # what follows it as if it were the whole message.
+        first_error = (r.error or "").strip().split("\n")
         rows.append(
             (
                 str(r.id),
