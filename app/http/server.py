@@ -8,12 +8,14 @@ the whole drain.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from importlib import resources
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
+from aiohttp.web_protocol import RequestHandler
 
 from app.errors import ConfigError
 from app.http.api import AdminApi
@@ -28,6 +30,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("slotcron.http")
 
 MAX_BODY = 64 * 1024
+KEEPALIVE_SECONDS = 10.0
+"""How long a connection may sit without a whole request: idle between requests, silent after
+connecting, or trickling its headers (aiohttp arms this timer at the connection's start and
+closes the connection when no complete request arrived by then)."""
+MAX_CONNECTIONS = 256
+"""Connections served at once. A new one beyond it evicts the oldest idle connection, so a
+flood of idle sockets can neither exhaust the process's file descriptors (jobs need them) nor
+keep a probe out."""
+HARD_MAX_CONNECTIONS = MAX_CONNECTIONS + 64
+BACKLOG = 128
+"""Also how many connections asyncio accepts in one burst before the cap sees them: at most
+``HARD_MAX_CONNECTIONS + BACKLOG`` descriptors, for a moment, go to HTTP."""
+"""Beyond this, with no idle connection to evict, a new connection is closed at once."""
 SHUTDOWN_SECONDS = 2.0
 """How long stopping waits for requests in progress (the phases before it already drained)."""
 
@@ -56,6 +71,7 @@ class HttpServer:
         metrics.registry.register(InstanceCollector(service))
         self.app = build_app(service, metrics)
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
 
     @property
     def url(self) -> str:
@@ -64,19 +80,26 @@ class HttpServer:
 
     async def start(self) -> None:
         runner = web.AppRunner(
-            self.app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_SECONDS
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=SHUTDOWN_SECONDS,
+            keepalive_timeout=KEEPALIVE_SECONDS,
         )
         await runner.setup()
+        assert runner.server is not None
         try:
-            await web.TCPSite(runner, self.host, self.port).start()
+            self._listener = await asyncio.get_running_loop().create_server(
+                _Capped(runner.server), self.host, self.port, reuse_address=True, backlog=BACKLOG
+            )
         except OSError as exc:
             await runner.cleanup()
             raise ConfigError(
                 "SCHEDULER_HTTP_PORT", f"cannot listen on {self.url}: {exc.strerror or exc}"
             ) from None
         self._runner = runner
-        bound = runner.addresses[0]
-        self.port = int(bound[1])  # the port the kernel chose, when configured as 0
+        # The port the kernel chose, when configured as 0.
+        self.port = int(self._listener.sockets[0].getsockname()[1])
         log.info("http listening on %s", self.url)
         log.log(
             logging.INFO if self.service.settings.admin_token is not None else logging.WARNING,
@@ -86,9 +109,42 @@ class HttpServer:
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
         if runner is not None:
             await runner.cleanup()
             log.info("http stopped")
+
+
+class _Capped:
+    """The protocol factory of the listening socket: aiohttp's, with :data:`MAX_CONNECTIONS`
+    enforced by evicting the oldest idle connection (one with no request in progress)."""
+
+    def __init__(self, server: web.Server) -> None:
+        self._server = server
+
+    def __call__(self) -> asyncio.Protocol:
+        handlers = self._server.connections
+        if len(handlers) >= MAX_CONNECTIONS:
+            idle = next((h for h in handlers if _idle(h)), None)
+            if idle is not None:
+                idle.force_close()
+            elif len(handlers) >= HARD_MAX_CONNECTIONS:
+                return _Refused()
+        return self._server()
+
+
+def _idle(handler: RequestHandler) -> bool:
+    # aiohttp keeps the request being served here; None between requests and before the first.
+    # A handler evicted earlier in the same burst of accepts has no transport any more, but is
+    # counted until its connection_lost runs: it is not evicted again.
+    return getattr(handler, "_current_request", True) is None and handler.transport is not None
+
+
+class _Refused(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
 
 
 _PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
