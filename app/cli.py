@@ -215,8 +215,6 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     from app.service import Service
 
     jobs = import_jobs([*settings.jobs, *args.jobs])
-    if settings.http_port is None:  # else the HTTP server says it once listening
-        _log_admin_api(settings)
     if not jobs:
         logging.getLogger("slotcron").warning(
             "no jobs registered: pass --jobs MODULE or set SCHEDULER_JOBS"
