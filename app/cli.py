@@ -23,37 +23,80 @@ from app.config import Settings, load_settings
 from app.errors import ConfigError, InvalidJobError, Refused, UsageError
 from app.filters import parse_since, parse_status
 from app.outage import DB_ERRORS, describe, refused_login
-from app.records import execution_json, instance_json, iso, job_json
+from app.records import displayable, execution_json, instance_json, iso, job_json
 from app.registry import REGISTRY, Job
 from app.version import __version__
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(2, f"slotcron: error: {message}\n")
+        # One line: the usage is one `--help` away.
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _parse_since(text: str) -> datetime:
     try:
-        return parse_since(text)
+        return parse_since(_text("--since", 100)(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"--since {exc}") from None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+MAX_HISTORY_LIMIT = 10_000
+MAX_ID = 2**63 - 1
+"""The largest execution id any of the databases can hold."""
+MAX_NAME = 200  # as the jobs table
+MAX_REASON = 400  # as the jobs table's paused_reason
+MAX_PARAM = 10_000
+
+
+def _bounded_int(high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        digits = text.strip()
+        if not digits.isascii() or not digits.lstrip("+").isdigit() or len(digits) > 30:
+            shown = _shown(text)
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {shown}") from None
+        value = int(digits)
+        if not 1 <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between 1 and {high}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = _bounded_int(MAX_ID)
+
+
+def _shown(text: str) -> str:
+    """An argument as it may be echoed in an error: undecodable bytes and controls escaped."""
+    return repr(displayable(text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")))
+
+
+def _text(what: str, longest: int) -> Callable[[str], str]:
+    """An argument stored as text: valid UTF-8 (the shell hands over bytes), no NUL character
+    (PostgreSQL refuses it), at most ``longest`` characters (as its column)."""
+
+    def parse(text: str) -> str:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise argparse.ArgumentTypeError(f"{what} {_shown(text)} is not valid UTF-8") from None
+        if "\x00" in text:
+            raise argparse.ArgumentTypeError(f"{what} {_shown(text)} contains a NUL character")
+        if len(text) > longest:
+            raise argparse.ArgumentTypeError(
+                f"{what} has at most {longest} characters, got {len(text)}"
+            )
+        return text
+
+    return parse
+
+
+_job = _text("job name", MAX_NAME)
 
 
 def _status(text: str) -> str:
     try:
-        return parse_status(text)
+        return parse_status(_text("--status", 20)(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -81,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--jobs", nargs="+", action="extend", default=[], metavar="MOD")
 
     history = commands.add_parser("history", help="executions, newest first")
-    history.add_argument("job", nargs="?", metavar="JOB")
+    history.add_argument("job", nargs="?", metavar="JOB", type=_job)
     history.add_argument("--status", type=_status)
     history.add_argument(
         "--since",
@@ -89,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="WHEN",
         help="ISO-8601 time, or a duration back from now: 30m, 2h, 7d",
     )
-    history.add_argument("--limit", type=_positive_int, default=50)
+    history.add_argument("--limit", type=_bounded_int(MAX_HISTORY_LIMIT), default=50)
     history.add_argument("--json", action="store_true", help="print one JSON array")
 
     inst = commands.add_parser("instances", help="instances, heartbeats, state, leader")
@@ -99,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     jobs_.add_argument("--json", action="store_true", help="print one JSON array")
 
     trig = commands.add_parser("trigger", help="queue a manual run now, for any live instance")
-    trig.add_argument("job", metavar="JOB")
+    trig.add_argument("job", metavar="JOB", type=_job)
     trig.add_argument(
         "--param",
         action="append",
@@ -114,9 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
         ("resume", "run the job's slots again"),
     ):
         sub = commands.add_parser(verb, help=text)
-        sub.add_argument("job", metavar="JOB")
+        sub.add_argument("job", metavar="JOB", type=_job)
         if verb == "pause":
-            sub.add_argument("--reason", help="recorded with each skipped slot")
+            sub.add_argument(
+                "--reason",
+                type=_text("--reason", MAX_REASON),
+                help=f"recorded with each skipped slot (at most {MAX_REASON} characters)",
+            )
 
     restart = commands.add_parser(
         "restart", help="run a FAILED, STOPPED or ABANDONED slot again, with its saved state"
@@ -126,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _param(text: str) -> tuple[str, str]:
+    text = _text("--param", MAX_PARAM)(text)
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"--param {text!r}: expected KEY=VALUE")
@@ -183,6 +231,15 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _log_admin_api(settings: Settings) -> None:
+    if settings.http_port is None:
+        logging.getLogger("slotcron").info("admin API: off (no SCHEDULER_HTTP_PORT)")
+    elif settings.admin_token is None:
+        logging.getLogger("slotcron").warning("%s", settings.admin_api_protection)
+    else:
+        logging.getLogger("slotcron").info("%s", settings.admin_api_protection)
+
+
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
     from app.store import migrate
 
@@ -210,6 +267,7 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     jobs = import_jobs([*settings.jobs, *args.jobs])
     print(f"configuration ok: database {settings.safe_url}, {len(jobs)} jobs")
+    _log_admin_api(settings)
     now = datetime.now(UTC)
     for job in jobs:
         schedule = job.schedule(settings.timezone)
@@ -228,7 +286,7 @@ def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
     from app.store.history import list_executions
 
     async def go() -> list[Any]:
-        db = Database.connect(settings.url, 1)
+        db = Database.connect(settings.url, 1, create=False)
         try:
             return await list_executions(
                 db, job=args.job, status=args.status, since=args.since, limit=args.limit
@@ -243,7 +301,9 @@ def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
     rows = []
     for r in records:
         took = f"{r.duration_ms / 1000:.2f}s" if r.duration_ms is not None else ""
-        first_error = (r.error or "").strip().splitlines()
+        # "\n" only: splitlines() would also split at a "\r" or "\x1c" a job wrote, and show
+        # what follows it as if it were the whole message.
+        first_error = (r.error or "").strip().split("\n")
         rows.append(
             (
                 str(r.id),
@@ -269,7 +329,7 @@ def cmd_instances(settings: Settings, args: argparse.Namespace) -> int:
     from app.store.registrations import list_instances
 
     async def go() -> list[Any]:
-        db = Database.connect(settings.url, 1)
+        db = Database.connect(settings.url, 1, create=False)
         try:
             return await list_instances(db)
         finally:
@@ -313,7 +373,7 @@ def _with_db(settings: Settings, work: Callable[[Any], Coroutine[Any, Any, Any]]
     from app.store.database import Database
 
     async def go() -> Any:
-        db = Database.connect(settings.url, 1)
+        db = Database.connect(settings.url, 1, create=False)
         try:
             return await work(db)
         finally:
@@ -414,13 +474,16 @@ def cmd_restart(settings: Settings, args: argparse.Namespace) -> int:
 def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(box=None, header_style="bold", pad_edge=False)
     for column in header:
         table.add_column(column, overflow="fold" if column == "ERROR" else "ellipsis")
     for row in rows:
-        table.add_row(*row)
-    Console(width=max(Console().width, 160)).print(table)
+        # Cells are Text, never markup: a job's error "[/x]" is shown, not parsed (it raised
+        # MarkupError), and control characters are escaped so they cannot drive the terminal.
+        table.add_row(*(Text(displayable(cell, newlines=False)) for cell in row))
+    Console(width=max(Console().width, 160), highlight=False).print(table)
 
 
 COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {

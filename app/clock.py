@@ -8,6 +8,7 @@ the database clock, round-trip compensated, and refreshes it every minute. Tests
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -46,6 +47,23 @@ class SystemClock:
             if remaining <= 0:
                 return
             await asyncio.sleep(remaining)
+
+
+def file_clock(path: str) -> datetime:
+    """The kernel's clock, read off the mtime of ``path`` after writing one byte to it.
+
+    The file is opened without following a symlink (a link planted there cannot make us write
+    elsewhere) and without truncating it, is created private (0600) if missing, and holds one
+    byte for ever: the write is at offset 0, so it never grows. The stamp is floored to the
+    microsecond, so a reader may be a hair late, never early."""
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        os.pwrite(fd, b"\n", 0)
+        stamp = os.fstat(fd).st_mtime_ns
+    finally:
+        os.close(fd)
+    return datetime.fromtimestamp(stamp // 1000 / 1_000_000, UTC)
 
 
 Sampler = Callable[[], Awaitable[datetime | None]]

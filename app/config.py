@@ -25,6 +25,15 @@ from app.errors import ConfigError
 
 PREFIX = "SCHEDULER_"
 
+MAX_SECONDS = 86_400.0
+"""Upper bound of every duration setting (leases, heartbeats, shutdown phases): one day."""
+MIN_HEARTBEAT = 0.05
+"""Below this a heartbeat is a busy loop (``1e-9`` spun a core at 98 %)."""
+MAX_RETENTION_DAYS = 36_500
+MAX_CONCURRENCY = 100_000
+MAX_POOL_SIZE = 1_000
+_HOST_NAME = re.compile(r"^[A-Za-z0-9.\-:\[\]]{1,253}$")
+
 # Driver names users may write, mapped to the async driver slotcron uses.
 _DRIVERS = {
     "sqlite": "sqlite+aiosqlite",
@@ -44,8 +53,10 @@ def _default_instance_id() -> str:
 
 
 def mask_url_text(text: str) -> str:
-    """Hide anything that looks like a password in a URL inside free text."""
-    text = re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", text)
+    """Hide anything that looks like a password in a URL inside free text: everything between
+    the user's ``:`` and the *last* ``@`` of the URL, so a password holding an unencoded ``@``
+    (which the URL parser splits at its first ``@``) is hidden whole."""
+    text = re.sub(r"(://[^:/@\s'\"]*:)[^\s'\"]*@", r"\1***@", text)
     return re.sub(r"([?&](?:password|passwd|pwd)=)[^&\s'\"]*", r"\1***", text, flags=re.I)
 
 
@@ -71,25 +82,61 @@ class Settings(BaseSettings):
     jobs: Annotated[list[str], NoDecode] = Field(default_factory=list)
     instance_id: str = Field(default_factory=_default_instance_id, min_length=1, max_length=200)
     timezone: str = "UTC"
-    max_concurrency: int = Field(default=1000, gt=0)
-    pool_size: int = Field(default=10, gt=0)
-    lease_seconds: float = Field(default=60.0, gt=0)
-    heartbeat_seconds: float = Field(default=15.0, gt=0)
-    shutdown_drain_timeout: float = Field(default=30.0, ge=0)
-    shutdown_cancel_timeout: float = Field(default=10.0, ge=0)
+    # Every number is finite and bounded: ``inf``, ``nan`` and absurd values that would pass a
+    # bare ``> 0`` make the service fire nothing, crash or spin (issue 13).
+    max_concurrency: int = Field(default=1000, gt=0, le=MAX_CONCURRENCY)
+    pool_size: int = Field(default=10, gt=0, le=MAX_POOL_SIZE)
+    lease_seconds: float = Field(
+        default=60.0, ge=MIN_HEARTBEAT * 2, le=MAX_SECONDS, allow_inf_nan=False
+    )
+    heartbeat_seconds: float = Field(
+        default=15.0, ge=MIN_HEARTBEAT, le=MAX_SECONDS, allow_inf_nan=False
+    )
+    shutdown_drain_timeout: float = Field(default=30.0, ge=0, le=MAX_SECONDS, allow_inf_nan=False)
+    shutdown_cancel_timeout: float = Field(default=10.0, ge=0, le=MAX_SECONDS, allow_inf_nan=False)
     http_host: str = "127.0.0.1"
     http_port: int | None = Field(default=None, ge=0, le=65535)
+    http_allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     admin_token: SecretStr | None = None
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     auto_migrate: bool | None = None
-    history_retention_days: float = Field(default=30, gt=0)
+    history_retention_days: float = Field(
+        default=30, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False
+    )
 
-    @field_validator("jobs", mode="before")
+    @field_validator("jobs", "http_allowed_hosts", mode="before")
     @classmethod
-    def _split_jobs(cls, value: Any) -> Any:
+    def _split_list(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("http_allowed_hosts")
+    @classmethod
+    def _host_names(cls, value: list[str]) -> list[str]:
+        for host in value:
+            if not _HOST_NAME.match(host):
+                raise ValueError(f"{host!r} is not a host name (expected e.g. cron.example.com)")
+        return [host.lower() for host in value]
+
+    @field_validator("admin_token")
+    @classmethod
+    def _usable_token(cls, value: SecretStr | None) -> SecretStr | None:
+        # The token's value is never echoed, even in part.
+        if value is None:
+            return None
+        token = value.get_secret_value()
+        if not token.strip():
+            raise ValueError(
+                "is blank; unset it to refuse every write, or set a token "
+                "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+            )
+        if not all(33 <= ord(c) <= 126 for c in token):
+            raise ValueError(
+                "must be printable ASCII without spaces: it travels in an HTTP header, which "
+                "browsers refuse to send with other characters"
+            )
         return value
 
     @field_validator("log_format", "log_level", mode="before")
@@ -131,6 +178,13 @@ class Settings(BaseSettings):
             )
         if driver != "sqlite+aiosqlite" and not url.host:
             raise ValueError(f"database URL {render_url(url)!r} names no host")
+        if url.host and "@" in url.host:
+            raise ValueError(
+                f"database URL {render_url(url)!r} has an '@' after the password's: "
+                "percent-encode an '@' in the user or password as %40"
+            )
+        if driver == "sqlite+aiosqlite":
+            _sqlite_directory_exists(url)
         return SecretStr(url.set(drivername=driver).render_as_string(hide_password=False))
 
     @field_validator("heartbeat_seconds")
@@ -143,6 +197,16 @@ class Settings(BaseSettings):
                 "or leases lapse between heartbeats"
             )
         return value
+
+    @property
+    def admin_api_protection(self) -> str:
+        """One line for the log of ``run`` and ``check``: who may use the admin API."""
+        if self.admin_token is None:
+            return (
+                "admin API: no SCHEDULER_ADMIN_TOKEN, so every write is refused and reads are "
+                "open to anyone who can reach the HTTP port"
+            )
+        return "admin API: reads and writes need the bearer token SCHEDULER_ADMIN_TOKEN"
 
     @property
     def url(self) -> URL:
@@ -165,6 +229,33 @@ class Settings(BaseSettings):
         return self.backend == "sqlite"
 
 
+def sqlite_file(url: URL) -> Path | None:
+    """The file of a SQLite URL; None for an in-memory or ``file:`` URI database."""
+    database = url.database
+    if url.get_backend_name() != "sqlite" or not database or database == ":memory:":
+        return None
+    if database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def _sqlite_directory_exists(url: URL) -> None:
+    path = sqlite_file(url)
+    if path is not None and not path.parent.is_dir():
+        # Otherwise every connection fails and start-up waits it out as an outage, forever.
+        raise ValueError(f"the directory of the SQLite file {str(path)!r} does not exist")
+
+
+def _undecodable(environ: dict[str, str]) -> str | None:
+    for key, value in environ.items():
+        if key.upper().startswith(PREFIX):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return key
+    return None
+
+
 def _unknown_variables(environ: dict[str, str]) -> list[str]:
     # pydantic-settings matches names case-insensitively, so the typo check must too.
     known = {PREFIX + name.upper() for name in Settings.model_fields}
@@ -181,13 +272,28 @@ def load_settings(**overrides: Any) -> Settings:
     """
     environ = dict(os.environ)
     if Path(".env").is_file():
-        for line in Path(".env").read_text(encoding="utf-8").splitlines():
-            key = line.split("=", 1)[0].strip().removeprefix("export ").strip()
+        from dotenv import dotenv_values
+
+        try:
+            values = dotenv_values(".env", encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(".env", "is not valid UTF-8") from None
+        for key, value in values.items():
             if key.upper().startswith(PREFIX):
-                environ.setdefault(key, "")
+                environ.setdefault(key, value or "")
     unknown = _unknown_variables(environ)
     if unknown:
         raise ConfigError(unknown[0], "unknown variable (is it misspelt?)")
+    undecodable = _undecodable(environ)
+    if undecodable:
+        raise ConfigError(undecodable, "is not valid UTF-8")
+    # env_ignore_empty reads `VAR=` as unset; a blank token must not silently open the API.
+    blank = [k for k, v in environ.items() if k.upper() == PREFIX + "ADMIN_TOKEN" and not v.strip()]
+    if blank:
+        raise ConfigError(
+            PREFIX + "ADMIN_TOKEN",
+            "is blank; unset it to refuse every write, or set a token",
+        )
     try:
         return Settings(**overrides)
     except ValidationError as exc:
@@ -196,7 +302,7 @@ def load_settings(**overrides: Any) -> Settings:
         variable = PREFIX + str(loc).upper() if loc else "configuration"
         message = str(error["msg"]).removeprefix("Value error, ")
         if (
-            loc != "database_url"
+            loc not in ("database_url", "admin_token")
             and loc
             and "input" in error
             and not isinstance(error["input"], dict)

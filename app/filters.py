@@ -1,4 +1,8 @@
-"""History filters as operators write them, read the same way by the CLI and the HTTP API."""
+"""History filters as operators write them, read the same way by the CLI and the HTTP API.
+
+Every parser raises ``ValueError`` with a message fit to show (never ``OverflowError``), and
+every value it returns can be bound to a query on each database.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,9 @@ from datetime import UTC, datetime, timedelta
 STATUSES = ("QUEUED", "RUNNING", "COMPLETED", "FAILED", "SKIPPED", "MISSED", "STOPPED", "ABANDONED")
 
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+"""The earliest ``since`` worth asking: nothing ran before it, and every database stores it."""
+_LATEST = datetime(9999, 1, 1, tzinfo=UTC)
 
 
 def parse_status(text: str) -> str:
@@ -20,15 +27,31 @@ def parse_status(text: str) -> str:
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:
     """An ISO-8601 time (UTC unless it says otherwise) or a duration back from ``now``
-    (``30m``, ``2h``, ``7d``); ValueError otherwise."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd])", text.strip())
+    (``30m``, ``2h``, ``7d``); ValueError otherwise. The answer is aware UTC, no earlier than
+    :data:`EPOCH` (a duration reaching further back means "everything")."""
+    stripped = text.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd])", stripped)
     if match:
-        back = timedelta(**{_UNITS[match.group(2)]: float(match.group(1))})
-        return (now or datetime.now(UTC)) - back
+        now = now or datetime.now(UTC)
+        try:
+            moment = now - timedelta(**{_UNITS[match.group(2)]: float(match.group(1))})
+        except (OverflowError, ValueError):  # further back than any datetime: everything
+            return EPOCH
+        return max(moment, EPOCH)
     try:
-        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        moment = datetime.fromisoformat(stripped.replace("Z", "+00:00"))
     except ValueError:
         raise ValueError(
             f"{text!r}: expected an ISO-8601 time or a duration like 30m, 2h, 7d"
         ) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    try:
+        moment = moment.astimezone(UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00: before the first representable UTC
+        if moment.year > 1:
+            raise ValueError(f"{text!r}: later than the year 9999") from None
+        return EPOCH
+    if moment > _LATEST:
+        raise ValueError(f"{text!r}: later than the year 9999")
+    return max(moment, EPOCH)

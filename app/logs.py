@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from app.config import mask_url_text
+from app.records import displayable
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
@@ -59,10 +60,15 @@ def _json_value(value: object) -> str:
 
 
 class TextFormatter(logging.Formatter):
+    """One human line per record. Text that jobs and clients wrote (error text, names) is
+    shown with its control characters escaped: it cannot recolour or retitle the terminal
+    that tails the log, nor erase what came before it."""
+
     def format(self, record: logging.LogRecord) -> str:
-        line = f"{_timestamp(record)} {record.levelname:<7} {record.name}: {record.getMessage()}"
+        message = displayable(record.getMessage())
+        line = f"{_timestamp(record)} {record.levelname:<7} {record.name}: {message}"
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+            line += "\n" + displayable(self.formatException(record.exc_info))
         return line
 
 

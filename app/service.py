@@ -177,6 +177,12 @@ class Service:
                 offset.total_seconds() * 1000,
                 self.clock.round_trip.total_seconds() * 1000,
             )
+        await lifeline.hold_instance_id(  # refuses a second live process under this id
+            self.db,
+            instance_id=self.instance_id,
+            lapse=self.settings.lease_seconds,
+            clock=self.clock,
+        )
         now = self.clock.now()
         for run in await lifeline.abandon_orphans(self.db, instance_id=self.instance_id, now=now):
             self.metrics.slot_recorded(run.job_name, "ABANDONED")

@@ -253,3 +253,110 @@ def test_a_password_given_as_a_query_argument_never_shows_either(
     monkeypatch.setenv("SCHEDULER_DATABASE_URL", f"postgresql://u@h/db?password={PASSWORD}")
     settings = load_settings()
     assert PASSWORD not in settings.safe_url
+
+
+# --- Every setting finite and sane (issue 13) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("SCHEDULER_LEASE_SECONDS", "inf"),
+        ("SCHEDULER_LEASE_SECONDS", "nan"),
+        ("SCHEDULER_LEASE_SECONDS", "1e308"),
+        ("SCHEDULER_HEARTBEAT_SECONDS", "1e-9"),
+        ("SCHEDULER_HEARTBEAT_SECONDS", "-inf"),
+        ("SCHEDULER_SHUTDOWN_DRAIN_TIMEOUT", "inf"),
+        ("SCHEDULER_SHUTDOWN_CANCEL_TIMEOUT", "1e12"),
+        ("SCHEDULER_HISTORY_RETENTION_DAYS", "inf"),
+        ("SCHEDULER_HISTORY_RETENTION_DAYS", "1e9"),
+        ("SCHEDULER_MAX_CONCURRENCY", "10000000000"),
+        ("SCHEDULER_POOL_SIZE", "100000"),
+        ("SCHEDULER_HTTP_ALLOWED_HOSTS", "ok.example,bad/host"),
+    ],
+)
+def test_infinite_or_absurd_values_are_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    error = refusal(monkeypatch, variable, value)
+    assert error.variable == variable
+    assert str(error).startswith(variable)
+
+
+def test_the_largest_sane_values_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDULER_LEASE_SECONDS", "86400")
+    monkeypatch.setenv("SCHEDULER_HEARTBEAT_SECONDS", "0.05")
+    monkeypatch.setenv("SCHEDULER_HISTORY_RETENTION_DAYS", "36500")
+    settings = load_settings()
+    assert (settings.lease_seconds, settings.heartbeat_seconds) == (86400, 0.05)
+
+
+@pytest.mark.parametrize("value", [" ", "\t  "])
+def test_a_blank_admin_token_is_a_configuration_error_not_an_open_api(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    error = refusal(monkeypatch, "SCHEDULER_ADMIN_TOKEN", value)
+    assert error.variable == "SCHEDULER_ADMIN_TOKEN"
+    assert "blank" in str(error)
+
+
+def test_an_empty_admin_token_in_the_dotenv_file_is_a_configuration_error(
+    clean_environment: Path,
+) -> None:
+    (clean_environment / ".env").write_text("SCHEDULER_ADMIN_TOKEN=\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert caught.value.variable == "SCHEDULER_ADMIN_TOKEN"
+
+
+def test_a_token_in_the_dotenv_file_is_read(clean_environment: Path) -> None:
+    (clean_environment / ".env").write_text("SCHEDULER_ADMIN_TOKEN=s3cret-token\n")
+    token = load_settings().admin_token
+    assert token is not None and token.get_secret_value() == "s3cret-token"
+
+
+def test_a_non_ascii_admin_token_is_refused_without_echoing_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    error = refusal(monkeypatch, "SCHEDULER_ADMIN_TOKEN", "pässwörd-token")
+    assert error.variable == "SCHEDULER_ADMIN_TOKEN"
+    assert "pässwörd" not in str(error)
+
+
+def test_a_sqlite_file_in_a_directory_that_does_not_exist_is_a_configuration_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    error = refusal(monkeypatch, "SCHEDULER_DATABASE_URL", "sqlite+aiosqlite:///./missing/x.db")
+    assert error.variable == "SCHEDULER_DATABASE_URL"
+    assert "does not exist" in str(error)
+
+
+def test_a_password_holding_an_unencoded_at_sign_is_masked_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = f"postgresql+asyncpg://app:p@{PASSWORD}-2026@db.example/x"
+    error = refusal(monkeypatch, "SCHEDULER_DATABASE_URL", url)
+    assert PASSWORD not in str(error)
+    assert "%40" in str(error)
+
+
+def test_masking_free_text_hides_everything_up_to_the_last_at_of_the_url() -> None:
+    from app.config import mask_url_text
+
+    text = f"connect postgresql://app:p@{PASSWORD}@@db/x failed; mail ops@example.com"
+    masked = mask_url_text(text)
+    assert PASSWORD not in masked
+    assert "ops@example.com" in masked
+
+
+def test_allowed_hosts_are_a_comma_separated_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDULER_HTTP_ALLOWED_HOSTS", "Cron.Example.com, 10.0.0.5")
+    assert load_settings().http_allowed_hosts == ["cron.example.com", "10.0.0.5"]
+
+
+def test_the_protection_of_the_admin_api_is_stated(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "reads are open" in load_settings().admin_api_protection
+    monkeypatch.setenv("SCHEDULER_ADMIN_TOKEN", "s3cret-token")
+    protection = load_settings().admin_api_protection
+    assert "need the bearer token" in protection
+    assert "s3cret" not in protection

@@ -21,7 +21,7 @@ from app.errors import NotFound, Refused
 from app.filters import parse_since, parse_status
 from app.http.auth import TokenCheck
 from app.http.errors import ApiError
-from app.records import execution_json, instance_json, job_json, queued_json
+from app.records import displayable, execution_json, instance_json, job_json, queued_json
 from app.store import operations
 from app.store.history import list_executions
 from app.store.registrations import list_instances
@@ -167,10 +167,13 @@ def _query(request: web.Request, *, allowed: Collection[str]) -> dict[str, str]:
     for key, value in request.query.items():
         if key not in allowed:
             choices = ", ".join(allowed) or "none"
-            raise ApiError(400, f"unknown query parameter {key!r} (accepted: {choices})", field=key)
+            shown = displayable(key, newlines=False)[:100]
+            raise ApiError(
+                400, f"unknown query parameter {shown!r} (accepted: {choices})", field=key[:100]
+            )
         if key in values:
             raise ApiError(400, f"query parameter {key!r} given more than once", field=key)
-        values[key] = value
+        values[key] = _check_text(value, key)
     return values
 
 
@@ -188,10 +191,10 @@ def _integer(query: dict[str, str], field: str, default: int, *, low: int, high:
     text = query.get(field)
     if text is None or text == "":
         return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise ApiError(400, f"{field} must be a whole number, got {text!r}", field=field) from None
+    if not text.isascii() or not text.lstrip("+-").isdigit() or len(text) > 30:
+        shown = displayable(text, newlines=False)[:40]
+        raise ApiError(400, f"{field} must be a whole number, got {shown!r}", field=field)
+    value = int(text)
     if not low <= value <= high:
         raise ApiError(400, f"{field} must be between {low} and {high}, got {value}", field=field)
     return value
@@ -201,28 +204,78 @@ def _job_name(request: web.Request) -> str:
     name = request.match_info["name"]
     if not name or len(name) > MAX_NAME:
         raise ApiError(400, f"a job name has 1 to {MAX_NAME} characters", field="name")
-    return name
+    return _check_text(name, "name")
+
+
+MAX_DEPTH = 32
+"""Nesting allowed in a request body (deeper JSON is refused before it can exhaust the stack)."""
 
 
 def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        # Stored as Infinity it would make every later listing invalid JSON.
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def _check_value(value: Any, field: str) -> None:
+    """Walk a parsed body (iteratively: depth is what is being checked) and refuse what the
+    databases cannot store as given: NUL characters, lone surrogates, too deep a nesting."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ApiError(400, f"{field} is nested deeper than {MAX_DEPTH} levels", field=field)
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                _check_text(key, field)
+                stack.append((inner, depth + 1))
+        elif isinstance(item, list):
+            stack.extend((inner, depth + 1) for inner in item)
+        elif isinstance(item, str):
+            _check_text(item, field)
+
+
+def _check_text(text: str, field: str) -> str:
+    if "\x00" in text:
+        raise ApiError(400, f"{field} contains a NUL character", field=field)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(
+            400, f"{field} contains a lone surrogate (not valid Unicode)", field=field
+        ) from None
+    return text
+
+
 async def _body(request: web.Request, *, allowed: Collection[str]) -> dict[str, Any]:
-    """The request's JSON object (an empty body is ``{}``); unknown keys are an error."""
+    """The request's JSON object (an empty body is ``{}``); unknown keys are an error, and so is
+    any value no database would store as sent (see :func:`_check_value`)."""
     raw = await request.read()
     if not raw.strip():
         return {}
     try:
-        value = json.loads(raw, parse_constant=_no_constants)
+        value = json.loads(raw, parse_constant=_no_constants, parse_float=_finite)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", field="body") from None
+    except RecursionError:
+        raise ApiError(
+            400, f"request body is nested deeper than {MAX_DEPTH} levels", field="body"
+        ) from None
     if not isinstance(value, dict):
         raise ApiError(400, "request body must be a JSON object", field="body")
     for key in value:
         if key not in allowed:
             choices = ", ".join(allowed) or "none"
-            raise ApiError(400, f"unknown field {key!r} (accepted: {choices})", field=key)
+            shown = displayable(key, newlines=False)[:100]
+            raise ApiError(400, f"unknown field {shown!r} (accepted: {choices})", field=key[:100])
+    for key, inner in value.items():
+        _check_value(inner, key)
     return value
 
 

@@ -6,6 +6,7 @@ message carries a database password.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -29,6 +30,8 @@ class ApiError(Exception):
         self.message = message
         self.field = field
         self.headers = headers
+        self.delay = 0.0
+        """Seconds to wait before answering (repeated failed token attempts)."""
 
 
 def error_response(
@@ -45,6 +48,8 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     try:
         return await handler(request)
     except ApiError as exc:
+        if exc.delay > 0:
+            await asyncio.sleep(exc.delay)
         return error_response(exc.status, exc.message, field=exc.field, headers=exc.headers)
     except web.HTTPException as exc:
         if exc.status < 400:

@@ -8,16 +8,18 @@ the whole drain.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from importlib import resources
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
+from aiohttp.web_protocol import RequestHandler
 
 from app.errors import ConfigError
 from app.http.api import AdminApi
-from app.http.auth import TokenCheck
+from app.http.auth import HostCheck, TokenCheck
 from app.http.errors import json_errors
 from app.http.probes import Probes
 from app.http.timeline import TimelineApi
@@ -29,6 +31,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("slotcron.http")
 
 MAX_BODY = 64 * 1024
+KEEPALIVE_SECONDS = 10.0
+"""How long a connection may sit without a whole request: idle between requests, silent after
+connecting, or trickling its headers (aiohttp arms this timer at the connection's start and
+closes the connection when no complete request arrived by then)."""
+MAX_CONNECTIONS = 256
+"""Connections served at once. A new one beyond it evicts the oldest idle connection, so a
+flood of idle sockets can neither exhaust the process's file descriptors (jobs need them) nor
+keep a probe out."""
+HARD_MAX_CONNECTIONS = MAX_CONNECTIONS + 64
+BACKLOG = 128
+"""Also how many connections asyncio accepts in one burst before the cap sees them: at most
+``HARD_MAX_CONNECTIONS + BACKLOG`` descriptors, for a moment, go to HTTP."""
+"""Beyond this, with no idle connection to evict, a new connection is closed at once."""
 SHUTDOWN_SECONDS = 2.0
 """How long stopping waits for requests in progress (the phases before it already drained)."""
 
@@ -57,6 +72,7 @@ class HttpServer:
         metrics.registry.register(InstanceCollector(service))
         self.app = build_app(service, metrics)
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
 
     @property
     def url(self) -> str:
@@ -65,33 +81,96 @@ class HttpServer:
 
     async def start(self) -> None:
         runner = web.AppRunner(
-            self.app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_SECONDS
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=SHUTDOWN_SECONDS,
+            keepalive_timeout=KEEPALIVE_SECONDS,
         )
         await runner.setup()
+        assert runner.server is not None
         try:
-            await web.TCPSite(runner, self.host, self.port).start()
+            self._listener = await asyncio.get_running_loop().create_server(
+                _Capped(runner.server), self.host, self.port, reuse_address=True, backlog=BACKLOG
+            )
         except OSError as exc:
             await runner.cleanup()
             raise ConfigError(
                 "SCHEDULER_HTTP_PORT", f"cannot listen on {self.url}: {exc.strerror or exc}"
             ) from None
         self._runner = runner
-        bound = runner.addresses[0]
-        self.port = int(bound[1])  # the port the kernel chose, when configured as 0
+        # The port the kernel chose, when configured as 0.
+        self.port = int(self._listener.sockets[0].getsockname()[1])
         log.info("http listening on %s", self.url)
+        log.log(
+            logging.INFO if self.service.settings.admin_token is not None else logging.WARNING,
+            "%s",
+            self.service.settings.admin_api_protection,
+        )
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
         if runner is not None:
             await runner.cleanup()
             log.info("http stopped")
 
 
+class _Capped:
+    """The protocol factory of the listening socket: aiohttp's, with :data:`MAX_CONNECTIONS`
+    enforced by evicting the oldest idle connection (one with no request in progress)."""
+
+    def __init__(self, server: web.Server) -> None:
+        self._server = server
+
+    def __call__(self) -> asyncio.Protocol:
+        handlers = self._server.connections
+        if len(handlers) >= MAX_CONNECTIONS:
+            idle = next((h for h in handlers if _idle(h)), None)
+            if idle is not None:
+                idle.force_close()
+            elif len(handlers) >= HARD_MAX_CONNECTIONS:
+                return _Refused()
+        return self._server()
+
+
+def _idle(handler: RequestHandler) -> bool:
+    # aiohttp keeps the request being served here; None between requests and before the first.
+    # A handler evicted earlier in the same burst of accepts has no transport any more, but is
+    # counted until its connection_lost runs: it is not evicted again.
+    return getattr(handler, "_current_request", True) is None and handler.transport is not None
+
+
+class _Refused(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+_PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+def _host_guard(hosts: HostCheck) -> Middleware:
+    """The API and the dashboard answer only to this server's own names (see
+    :class:`HostCheck`); the probes answer to any, as a kubelet asks by pod IP or name."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in _PROBES:
+            hosts.check(request)
+        return await handler(request)
+
+    return guard
+
+
 def build_app(service: Service, metrics: PrometheusMetrics) -> web.Application:
-    auth = TokenCheck(service.settings.admin_token)
+    settings = service.settings
+    auth = TokenCheck(settings.admin_token)
+    hosts = HostCheck(settings.http_host, settings.http_allowed_hosts)
     probes = Probes(service, metrics.registry)
     api = AdminApi(service, auth)
-    app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY)
+    app = web.Application(middlewares=[json_errors, _host_guard(hosts)], client_max_size=MAX_BODY)
     app.router.add_get("/healthz", probes.healthz)
     app.router.add_get("/readyz", probes.readyz)
     app.router.add_get("/metrics", probes.metrics)

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import ColumnElement, bindparam, func, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.config import sqlite_file
+from app.errors import ConfigError
 from app.store.dialects import NOWAIT, READ_ONLY, Dialect
 from app.store.engine import make_engine
 from app.store.tables import UTCDateTime
@@ -27,6 +31,18 @@ def now_in_sql(dialect: Dialect, server_clock: bool, name: str = "p_now") -> Col
     # COALESCE keeps the parameter in the statement (never used: the clock is never NULL), so
     # every caller binds it whichever clock decides.
     return param if server is None else func.coalesce(server, param)
+
+
+def _create_private(path: Path) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        os.close(os.open(path, flags, 0o600))
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ConfigError(
+            "SCHEDULER_DATABASE_URL", f"cannot create the SQLite file {str(path)!r}: {exc.strerror}"
+        ) from None
 
 
 @dataclass
@@ -45,7 +61,21 @@ class Database:
         return now_in_sql(self.dialect, self.server_clock, name)
 
     @classmethod
-    def connect(cls, url: URL, pool_size: int = 10) -> Database:
+    def connect(cls, url: URL, pool_size: int = 10, *, create: bool = True) -> Database:
+        """An engine for ``url``. A SQLite file is created private (0600; SQLite gives its
+        ``-wal`` and ``-shm`` files the same mode) when missing, or with ``create=False`` (the
+        commands that only read or queue) refused with :class:`ConfigError`, leaving no file
+        behind."""
+        path = sqlite_file(url)
+        if path is not None:
+            if create:
+                _create_private(path)
+            elif not path.exists():
+                raise ConfigError(
+                    "SCHEDULER_DATABASE_URL",
+                    f"no database at {str(path)!r}: start `slotcron run` or `slotcron migrate` "
+                    "with this URL first",
+                )
         engine, dialect = make_engine(url, pool_size)
         return cls(engine, dialect)
 

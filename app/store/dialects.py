@@ -6,7 +6,6 @@ No ``if dialect == ...`` lives outside this module.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -19,6 +18,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.types import TypeEngine
+
+from app.clock import file_clock
 
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (asyncpg.PostgresError, asyncpg.InterfaceError)
 """Errors a driver raises unwrapped (asyncpg's while connecting; SQLAlchemy wraps the rest)."""
@@ -301,13 +302,7 @@ class SQLite(Dialect):
         database = url.database
         if not database or database == ":memory:" or database.startswith("file:"):
             return None
-        fd = os.open(f"{database}-clock", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, b"\n")
-            stamp = os.fstat(fd).st_mtime_ns
-        finally:
-            os.close(fd)
-        return datetime.fromtimestamp(stamp // 1000 / 1_000_000, UTC)
+        return file_clock(f"{database}-clock")
 
     def is_lock_unavailable(self, exc: BaseException) -> bool:
         message = str(getattr(exc, "orig", exc)).lower()

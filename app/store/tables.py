@@ -110,6 +110,8 @@ executions = Table(
     Index("ix_scheduler_executions_status_lease", "status", "lease_until"),
     Index("ix_scheduler_executions_job_id", "job_name", "id"),
     Index("ix_scheduler_executions_created", "created_at"),
+    # The order of every listing (newest slot first): pages read off it, never sort the table.
+    Index("ix_scheduler_executions_slot_id", "scheduled_at", "id"),
 )
 
 instances = Table(
@@ -123,6 +125,8 @@ instances = Table(
     Column("heartbeat_at", UTCDateTime(), nullable=False),
     Column("state", String(16), nullable=False),
     Column("is_leader", Boolean, nullable=False, default=False),
+    # Random per process: tells a second live process under the same id from a restart.
+    Column("incarnation", String(32), nullable=True),
 )
 
 LEADER_ROW = "leader"
