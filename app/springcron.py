@@ -194,16 +194,16 @@ class SpringCron:
         """The matching days of one month, as bits 1-31."""
         if not self._months >> month & 1:
             return 0
-        key = year * 16 + month
+        first, length = calendar.monthrange(year, month)  # weekday of the 1st: 0 is Monday
+        # Which days match depends only on the month's length and the weekday it starts on:
+        # 28 kinds of month, each computed once.
+        key = first * 32 + length
         days = self._masks.get(key)
         if days is None:
-            if len(self._masks) >= 256:
-                self._masks.clear()
-            days = self._masks[key] = self._compute_days(year, month)
+            days = self._masks[key] = self._compute_days(first, length)
         return days
 
-    def _compute_days(self, year: int, month: int) -> int:
-        first, length = calendar.monthrange(year, month)  # weekday of the 1st: 0 is Monday
+    def _compute_days(self, first: int, length: int) -> int:
         every_day = (1 << (length + 1)) - 2
 
         def weekday(day: int) -> int:  # 1 Monday ... 7 Sunday
