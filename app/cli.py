@@ -25,6 +25,8 @@ from app.filters import parse_since, parse_status
 from app.outage import DB_ERRORS, describe, refused_login
 from app.records import displayable, execution_json, instance_json, iso, job_json
 from app.registry import REGISTRY, Job
+from app.schedule import normalise_cron
+from app.springcron import day_rule
 from app.version import __version__
 
 
@@ -274,6 +276,8 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
         zone = job.timezone or settings.timezone if job.kind == "cron" else "UTC"
         state = "" if job.enabled else " (disabled)"
         print(f"{job.name}  {schedule.describe()}  {zone}{state}")
+        if job.kind == "cron" and (rule := day_rule(*normalise_cron(job.expression))):
+            print(f"  {rule}")
         slot = now
         for _ in range(5):
             slot = schedule.next_after(slot)

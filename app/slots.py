@@ -1,8 +1,9 @@
 """Slot computation: the instants at which a job is due, as aware UTC datetimes.
 
-Cron expressions are evaluated on naive *wall-clock* times of the job's time zone, and each
-wall time is then placed on the UTC line by us, not by croniter (croniter 7 returns a
-fall-back wall time twice). The contract's DST rules follow from that:
+Cron expressions are evaluated on naive *wall-clock* times of the job's time zone (six fields
+by :mod:`app.springcron`, with Spring's meaning; five by croniter, classic cron), and each wall
+time is then placed on the UTC line by us, not by croniter (croniter 7 returns a fall-back wall
+time twice). The contract's DST rules follow from that, for every form (``L``, ``W``, ``#``):
 
 - a wall time that occurs twice (fall-back) is one slot, at its first occurrence;
 - a wall time that does not exist (spring-forward gap) is one slot, at the transition instant;
@@ -14,13 +15,15 @@ Interval schedules are aligned to the Unix epoch: slot ``k`` is ``epoch + k * in
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 from zoneinfo import ZoneInfo
 
 from croniter import croniter
+
+from app.springcron import CronFieldError, SpringCron
 
 ALIASES = {
     "@yearly": "0 0 1 1 *",
@@ -60,6 +63,12 @@ def normalise_cron(expression: str) -> tuple[str, bool]:
             "or 6 (second minute hour day month weekday)"
         )
     seconds_first = len(fields) == 6
+    if seconds_first:  # Spring's meaning, not croniter's: see app.springcron
+        try:
+            SpringCron.parse(text)
+        except CronFieldError as exc:
+            raise ValueError(f"invalid cron expression {expression!r}: {exc}") from None
+        return text, seconds_first
     try:
         croniter(text, datetime(2000, 1, 1), second_at_beginning=seconds_first)
         # Some impossible expressions (30 February) only fail when iterated.
@@ -80,9 +89,7 @@ class CronSchedule:
         object.__setattr__(self, "_seconds_first", seconds_first)
         object.__setattr__(self, "_zone", ZoneInfo(self.timezone))
         # Parsing the expression is most of croniter's cost: parse once, reposition per call.
-        object.__setattr__(
-            self, "_cron", croniter(text, datetime(2000, 1, 1), second_at_beginning=seconds_first)
-        )
+        object.__setattr__(self, "_walls", _wall_times(text, seconds_first))
         object.__setattr__(self, "_memo", {})
 
     def describe(self) -> str:
@@ -106,13 +113,25 @@ class CronSchedule:
         # map after ``moment`` as a second occurrence, which the fall-back rule excludes. In the
         # second pass of a fall-back hour, candidates map to the first pass and are filtered.
         wall = moment.astimezone(zone).replace(tzinfo=None, microsecond=0)
-        cron = self._cron  # type: ignore[attr-defined]
-        cron.set_current(wall, force=True)
-        while True:
-            candidate: datetime = cron.get_next(datetime)
+        for candidate in self._walls(wall):  # type: ignore[attr-defined]
             slot = wall_to_utc(candidate, zone)
             if slot > moment:
                 yield slot
+
+
+def _wall_times(text: str, seconds_first: bool) -> Callable[[datetime], Iterator[datetime]]:
+    """The wall times strictly after a wall time: Spring's meaning for six fields, croniter's
+    (classic cron: either day field matches) for five."""
+    if seconds_first:
+        return SpringCron.parse(text).walls_after
+    cron = croniter(text, datetime(2000, 1, 1))
+
+    def walls_after(wall: datetime) -> Iterator[datetime]:
+        cron.set_current(wall, force=True)
+        while True:
+            yield cron.get_next(datetime)
+
+    return walls_after
 
 
 _MEMO_SIZE = 64

@@ -191,6 +191,46 @@ def test_check_names_the_job_and_the_field_of_a_bad_cron_expression(cli: Cli) ->
     assert "schedule" in line
 
 
+def test_check_says_which_day_rule_applies_to_a_job_restricting_both_day_fields(cli: Cli) -> None:
+    module = cli.write_module(
+        "dayrules",
+        """
+        from app import cron
+
+        @cron("0 0 9 1-7 * MON", name="spring_first_monday")
+        async def spring() -> None: ...
+
+        @cron("0 9 1-7 * MON", name="classic_first_week_or_monday")
+        async def classic() -> None: ...
+
+        @cron("0 0 9 * * MON", name="every_monday")
+        async def monday() -> None: ...
+        """,
+    )
+
+    lines = cli.ok("check", "--jobs", module).stdout.splitlines()
+
+    def block(job: str) -> list[str]:
+        start = next(i for i, line in enumerate(lines) if line.split()[:1] == [job])
+        end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")), None)
+        return [line.strip() for line in lines[start + 1 : end]]
+
+    spring, classic, monday = (
+        block(job)
+        for job in ("spring_first_monday", "classic_first_week_or_monday", "every_monday")
+    )
+    assert "Spring" in spring[0] and "AND" in spring[0], spring
+    assert "classic cron" in classic[0] and "OR" in classic[0], classic
+    assert len(monday) == 5 and all(ISO_UTC.match(line) for line in monday), monday
+    # The rule line comes once, before the five slots: Spring's first Mondays are all Mondays
+    # in the 1st to 7th; classic cron's include days that are not Mondays.
+    spring_slots = [parse_utc(line) for line in spring[1:]]
+    classic_slots = [parse_utc(line) for line in classic[1:]]
+    assert len(spring_slots) == 5 and len(classic_slots) == 5
+    assert all(s.weekday() == 0 and s.day <= 7 for s in spring_slots), spring_slots
+    assert any(s.weekday() != 0 for s in classic_slots), classic_slots
+
+
 def test_check_names_a_jobs_module_that_does_not_exist(cli: Cli) -> None:
     done = cli("check", "--jobs", "no_such_jobs_module")
 
