@@ -25,7 +25,7 @@ from app.filters import parse_since, parse_status
 from app.outage import DB_ERRORS, describe, refused_login
 from app.records import displayable, execution_json, instance_json, iso, job_json
 from app.registry import REGISTRY, Job
-from app.schedule import normalise_cron
+from app.slots import normalise_cron
 from app.springcron import day_rule
 from app.version import __version__
 

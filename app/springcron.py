@@ -2,7 +2,7 @@
 
 Fields, SECONDS FIRST: ``second minute hour day-of-month month day-of-week``. This module
 accepts what Spring accepts, refuses what Spring refuses, and finds the same slots, on naive
-wall-clock times (``app.schedule`` places them on the UTC line by the contract's DST rules).
+wall-clock times (``app.slots`` places them on the UTC line by the contract's DST rules).
 
 - Ranges: second and minute 0-59, hour 0-23, day-of-month 1-31, month 1-12 or ``JAN``-``DEC``,
   day-of-week 0-7 or ``MON``-``SUN`` (0 and 7 are both Sunday; a range starting at 7 starts at

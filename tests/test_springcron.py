@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from app import InvalidJobError
 from app.registry import Registry, cron
-from app.schedule import CronSchedule, normalise_cron
+from app.slots import CronSchedule, normalise_cron
 from app.springcron import day_rule
 
 BERLIN = "Europe/Berlin"
