@@ -3,9 +3,11 @@ functions (so the same rules: a COMPLETED slot is never restarted, a trigger nee
 instance).
 
 Reads: ``GET /api/jobs``, ``GET /api/executions`` (filters ``job``, ``status``, ``since``;
-paging ``limit``, ``offset``), ``GET /api/instances``. Writes: ``POST
-/api/jobs/{name}/trigger`` (body ``{"params": {...}}``), ``/pause`` (body ``{"reason":
-"..."}``), ``/resume``, ``POST /api/executions/{id}/restart``.
+paging ``limit`` and ``offset`` (up to :data:`MAX_OFFSET`) or ``before``: the
+``next_before`` of the previous page, as deep as it goes at the cost of one index seek),
+``GET /api/instances``; each answered with an ``ETag`` (``If-None-Match`` gets 304 when
+nothing changed). Writes: ``POST /api/jobs/{name}/trigger`` (body ``{"params": {...}}``),
+``/pause`` (body ``{"reason": "..."}``), ``/resume``, ``POST /api/executions/{id}/restart``.
 """
 
 from __future__ import annotations
@@ -13,17 +15,22 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Collection
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 from aiohttp import web
 
 from app.errors import NotFound, Refused
 from app.filters import parse_since, parse_status
 from app.http.auth import TokenCheck
+from app.http.bridge import ServiceBridge
 from app.http.errors import ApiError
-from app.records import displayable, execution_json, instance_json, job_json, queued_json
+from app.http.reads import AdminReads
+from app.records import displayable, execution_json, instance_json, iso, job_json, queued_json
 from app.store import operations
-from app.store.history import list_executions
+from app.store.database import Database
+from app.store.history import ExecutionRecord, list_executions
 from app.store.registrations import list_instances
 
 if TYPE_CHECKING:
@@ -36,54 +43,102 @@ MAX_LIMIT = 500
 MAX_NAME = 200  # as the jobs table
 MAX_REASON = 400  # as the jobs table's paused_reason
 _MAX_ID = 2**63 - 1
+READS_KEY = web.AppKey("slotcron_reads", AdminReads)
+MAX_OFFSET = 10_000
+"""Deeper pages are read with ``before`` (keyset), which costs the same at any depth."""
+
+
+def cursor(record: ExecutionRecord) -> str:
+    """The ``before`` of the page after ``record``: its slot and id."""
+    return f"{iso(record.scheduled_at)}~{record.id}"
+
+
+def parse_cursor(text: str) -> tuple[datetime, int]:
+    slot, sep, row_id = text.rpartition("~")
+    if not sep or not row_id.isascii() or not row_id.isdigit() or len(row_id) > 19:
+        raise ValueError("expected the next_before of a previous page (<slot>~<id>)")
+    try:
+        moment = datetime.fromisoformat(slot.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError("expected the next_before of a previous page (<slot>~<id>)") from None
+    if moment.tzinfo is None:
+        raise ValueError("the slot of a cursor is in UTC (ends in Z)")
+    return moment.astimezone(UTC), int(row_id)
 
 
 class AdminApi:
-    def __init__(self, service: Service, auth: TokenCheck) -> None:
+    """Reads go through :class:`AdminReads` (their own pool, bounded, shared); writes are rare,
+    need the token, and use the service's database (on SQLite its one writer lock)."""
+
+    def __init__(
+        self, service: Service, auth: TokenCheck, reads: AdminReads, bridge: ServiceBridge
+    ) -> None:
         self.service = service
         self.auth = auth
+        self.reads = reads
+        self.bridge = bridge
 
     # Reads
 
     async def jobs(self, request: web.Request) -> web.Response:
         self.auth.read(request)
         _query(request, allowed=())
-        records = await operations.list_jobs(
-            self.service.db,
-            now=self.service.clock.now(),
-            live_within=self.service.settings.lease_seconds,
-        )
-        return web.json_response({"jobs": [job_json(r) for r in records]})
+        now = self.service.clock.now()
+        live_within = self.service.settings.lease_seconds
+
+        async def produce(db: Database) -> dict[str, Any]:
+            records = await operations.list_jobs(db, now=now, live_within=live_within)
+            return {"jobs": [job_json(r) for r in records]}
+
+        return await self.reads.respond(request, "jobs", produce)
 
     async def executions(self, request: web.Request) -> web.Response:
         self.auth.read(request)
-        query = _query(request, allowed=("job", "status", "since", "limit", "offset"))
+        query = _query(request, allowed=("job", "status", "since", "limit", "offset", "before"))
         job = query.get("job") or None
         if job is not None and len(job) > MAX_NAME:
             raise ApiError(400, f"a job name has at most {MAX_NAME} characters", field="job")
         status = _parsed(query, "status", parse_status)
         since = _parsed(query, "since", lambda text: parse_since(text, self.service.clock.now()))
         limit = _integer(query, "limit", DEFAULT_LIMIT, low=1, high=MAX_LIMIT)
-        offset = _integer(query, "offset", 0, low=0, high=_MAX_ID)
-        # One more than asked: whether there is a next page, without counting the table.
-        records = await list_executions(
-            self.service.db, job=job, status=status, since=since, limit=limit + 1, offset=offset
-        )
-        more = len(records) > limit
-        return web.json_response(
-            {
-                "executions": [execution_json(r) for r in records[:limit]],
+        offset = _integer(query, "offset", 0, low=0, high=MAX_OFFSET)
+        before = _parsed(query, "before", parse_cursor)
+        if before is not None and offset:
+            raise ApiError(400, "give offset or before, not both", field="before")
+        key = "executions?" + urlencode(sorted(query.items()))
+
+        async def produce(db: Database) -> dict[str, Any]:
+            # One more than asked: whether there is a next page, without counting the table.
+            records = await list_executions(
+                db,
+                job=job,
+                status=status,
+                since=since,
+                limit=limit + 1,
+                offset=offset,
+                before=before,
+            )
+            more = len(records) > limit
+            page = records[:limit]
+            return {
+                "executions": [execution_json(r) for r in page],
                 "limit": limit,
                 "offset": offset,
-                "next_offset": offset + limit if more else None,
+                "next_offset": offset + limit if more and offset + limit <= MAX_OFFSET else None,
+                "next_before": cursor(page[-1]) if more else None,
             }
-        )
+
+        return await self.reads.respond(request, key, produce)
 
     async def instances(self, request: web.Request) -> web.Response:
         self.auth.read(request)
         _query(request, allowed=())
-        records = await list_instances(self.service.db)
-        return web.json_response({"instances": [instance_json(r) for r in records]})
+
+        async def produce(db: Database) -> dict[str, Any]:
+            records = await list_instances(db)
+            return {"instances": [instance_json(r) for r in records]}
+
+        return await self.reads.respond(request, "instances", produce)
 
     # Writes
 
@@ -95,12 +150,14 @@ class AdminApi:
         if not isinstance(params, dict):
             raise ApiError(400, "params must be a JSON object", field="params")
         try:
-            queued = await operations.trigger_live(
-                self.service.db,
-                job=name,
-                params=params,
-                now=self.service.clock.now(),
-                live_within=self.service.settings.lease_seconds,
+            queued = await self.bridge.call(
+                operations.trigger_live(
+                    self.service.db,
+                    job=name,
+                    params=params,
+                    now=self.service.clock.now(),
+                    live_within=self.service.settings.lease_seconds,
+                )
             )
         except NotFound as exc:
             raise ApiError(404, str(exc), field="name") from None
@@ -130,8 +187,8 @@ class AdminApi:
         self, request: web.Request, name: str, paused: bool, reason: str | None
     ) -> web.Response:
         try:
-            changed = await operations.set_paused(
-                self.service.db, job=name, paused=paused, reason=reason
+            changed = await self.bridge.call(
+                operations.set_paused(self.service.db, job=name, paused=paused, reason=reason)
             )
         except NotFound as exc:
             raise ApiError(404, str(exc), field="name") from None
@@ -149,8 +206,10 @@ class AdminApi:
             raise ApiError(400, f"execution id must be positive, got {execution_id}", field="id")
         await _body(request, allowed=())
         try:
-            queued = await operations.restart(
-                self.service.db, execution_id=execution_id, now=self.service.clock.now()
+            queued = await self.bridge.call(
+                operations.restart(
+                    self.service.db, execution_id=execution_id, now=self.service.clock.now()
+                )
             )
         except NotFound as exc:
             raise ApiError(404, str(exc), field="id") from None
@@ -280,4 +339,7 @@ async def _body(request: web.Request, *, allowed: Collection[str]) -> dict[str, 
 
 
 def _audit(request: web.Request, what: str) -> None:
+    reads = request.app.get(READS_KEY)
+    if reads is not None:
+        reads.forget()
     log.info("admin API: %s (from %s)", what, request.remote)

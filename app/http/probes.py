@@ -1,9 +1,10 @@
 """What Kubernetes and Prometheus ask: liveness, readiness, metrics.
 
-``/healthz`` answers while the event loop does: a blocked loop answers nothing, and the probe
-times out. ``/readyz`` is 200 only while the instance is running (not starting, not draining)
-and the database answers within :data:`READY_TIMEOUT`; it turns 503 at phase 1 of shutdown, so
-a load balancer stops sending work while the runs drain.
+``/healthz`` answers while the service's event loop does: a blocked loop answers nothing
+within :data:`HEALTH_TIMEOUT` (503), or the probe times out first. ``/readyz`` is 200 only
+while the instance is running (not starting, not draining) and the database answers within
+:data:`READY_TIMEOUT`; it turns 503 at phase 1 of shutdown, so a load balancer stops sending
+work while the runs drain.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from app.http.bridge import ServiceBridge
 from app.outage import DB_ERRORS, describe
 from app.status import InstanceState
 
@@ -25,21 +27,41 @@ READY_TIMEOUT = 2.0
 """Seconds the readiness check waits for the database (keep the probe's timeoutSeconds above)."""
 
 
+HEALTH_TIMEOUT = 5.0
+"""Seconds ``/healthz`` waits for the service's event loop to answer (it runs on another)."""
+
+
+async def _nothing() -> None:
+    return None
+
+
 class Probes:
-    def __init__(self, service: Service, registry: CollectorRegistry) -> None:
+    """Served on the HTTP thread; what they ask of the service runs on the service's loop
+    (through ``bridge``), so ``/healthz`` still says whether *that* loop answers."""
+
+    def __init__(
+        self, service: Service, registry: CollectorRegistry, bridge: ServiceBridge
+    ) -> None:
         self.service = service
         self.registry = registry
+        self.bridge = bridge
         self._ping: asyncio.Task[str | None] | None = None
 
     async def healthz(self, request: web.Request) -> web.Response:
         service = self.service
+        try:
+            async with asyncio.timeout(HEALTH_TIMEOUT):
+                await self.bridge.call(_nothing())
+        except TimeoutError:
+            body = {"status": "event loop not answering", "instance": service.instance_id}
+            return web.json_response(body, status=503)
         return web.json_response(
             {"status": "ok", "instance": service.instance_id, "state": service.state}
         )
 
     async def readyz(self, request: web.Request) -> web.Response:
         state = self.service.state
-        problem = await self._database_problem()
+        problem = await self.bridge.call(self._database_problem())
         # A background loop that failed recently (it is being restarted) is named here.
         roles = [p for role in self.service.roles if (p := role.problem) is not None]
         if state != InstanceState.RUNNING or problem is not None or roles:
@@ -72,4 +94,9 @@ class Probes:
 
     async def metrics(self, request: web.Request) -> web.Response:
         encode, content_type = choose_encoder(request.headers.get("Accept", ""))
-        return web.Response(body=encode(self.registry), headers={"Content-Type": content_type})
+
+        async def render() -> bytes:
+            return encode(self.registry)  # beside the loop that updates the counters
+
+        body = await self.bridge.call(render())
+        return web.Response(body=body, headers={"Content-Type": content_type})

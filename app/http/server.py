@@ -1,5 +1,11 @@
-"""The HTTP server, on the service's own event loop (aiohttp's AppRunner and TCPSite: no
-thread, no signal handlers of its own; the service owns SIGTERM and SIGINT).
+"""The HTTP server, on an event loop and thread of its own (aiohttp's AppRunner; no signal
+handlers of its own: the service owns SIGTERM and SIGINT).
+
+The admin plane never shares the scheduler's loop: parsing, authenticating, reading and
+encoding any number of requests cannot delay a timer of the scheduler by more than the
+interpreter's thread switch interval (5 ms). What must run beside the scheduler (a write, the
+readiness ping, the metrics) is handed to its loop through :class:`ServiceBridge`; the reads
+have their own pool (:mod:`app.http.reads`).
 
 Started first in :meth:`Service.start`, so ``/healthz`` and ``/readyz`` answer while the
 database is waited out; stopped in the last phase of shutdown, so ``/readyz`` says 503 for
@@ -10,18 +16,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
+from collections.abc import Coroutine
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_protocol import RequestHandler
 
 from app.errors import ConfigError
-from app.http.api import AdminApi
+from app.http.api import READS_KEY, AdminApi
 from app.http.auth import HostCheck, TokenCheck
+from app.http.bridge import ServiceBridge
 from app.http.errors import json_errors
 from app.http.probes import Probes
+from app.http.reads import AdminReads
 from app.http.timeline import TimelineApi
 from app.metrics import InstanceCollector, PrometheusMetrics
 
@@ -29,6 +40,8 @@ if TYPE_CHECKING:
     from app.service import Service
 
 log = logging.getLogger("slotcron.http")
+
+T = TypeVar("T")
 
 MAX_BODY = 64 * 1024
 KEEPALIVE_SECONDS = 10.0
@@ -70,9 +83,11 @@ class HttpServer:
         self.port = settings.http_port
         self.service = service
         metrics.registry.register(InstanceCollector(service))
-        self.app = build_app(service, metrics)
+        self.bridge = ServiceBridge()
+        self.app = build_app(service, metrics, self.bridge)
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
+        self._thread: _LoopThread | None = None
 
     @property
     def url(self) -> str:
@@ -80,6 +95,25 @@ class HttpServer:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
+        """Serve on a thread of its own (see :class:`ServiceBridge`), listening once this
+        returns; a port that cannot be bound is a :class:`ConfigError`."""
+        self.bridge.attach(asyncio.get_running_loop())
+        thread = _LoopThread()
+        thread.start()
+        try:
+            await thread.call(self._serve())
+        except BaseException:
+            await thread.close()
+            raise
+        self._thread = thread
+        log.info("http listening on %s", self.url)
+        log.log(
+            logging.INFO if self.service.settings.admin_token is not None else logging.WARNING,
+            "%s",
+            self.service.settings.admin_api_protection,
+        )
+
+    async def _serve(self) -> None:
         runner = web.AppRunner(
             self.app,
             access_log=None,
@@ -101,21 +135,59 @@ class HttpServer:
         self._runner = runner
         # The port the kernel chose, when configured as 0.
         self.port = int(self._listener.sockets[0].getsockname()[1])
-        log.info("http listening on %s", self.url)
-        log.log(
-            logging.INFO if self.service.settings.admin_token is not None else logging.WARNING,
-            "%s",
-            self.service.settings.admin_api_protection,
-        )
 
     async def stop(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        try:
+            await thread.call(self._cleanup())
+        finally:
+            await thread.close()
+        log.info("http stopped")
+
+    async def _cleanup(self) -> None:
         runner, self._runner = self._runner, None
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.close()
         if runner is not None:
             await runner.cleanup()
-            log.info("http stopped")
+
+
+class _LoopThread:
+    """An event loop on a daemon thread of its own: the HTTP server's."""
+
+    def __init__(self) -> None:
+        self.loop = _new_loop()
+        self._thread = threading.Thread(target=self._run, name="slotcron-http", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.close()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on this thread's loop and await its result from the caller's loop."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    async def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        await asyncio.to_thread(self._thread.join, 10)
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 class _Capped:
@@ -151,6 +223,29 @@ class _Refused(asyncio.Protocol):
 _PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
+ADMIN_REQUESTS_PER_SECOND = 300.0
+"""The pace of API and dashboard requests (the probes are not paced): beyond it requests wait
+their turn, so the admin plane's share of the interpreter (which it shares with the scheduler's
+thread) stays bounded however many clients read."""
+
+
+def _paced(rate: float) -> Middleware:
+    next_turn = 0.0
+
+    @web.middleware
+    async def pace(request: web.Request, handler: Handler) -> web.StreamResponse:
+        nonlocal next_turn
+        if request.path not in _PROBES:
+            now = time.monotonic()
+            turn = max(next_turn, now)
+            next_turn = turn + 1 / rate
+            if turn > now:
+                await asyncio.sleep(turn - now)
+        return await handler(request)
+
+    return pace
+
+
 def _host_guard(hosts: HostCheck) -> Middleware:
     """The API and the dashboard answer only to this server's own names (see
     :class:`HostCheck`); the probes answer to any, as a kubelet asks by pod IP or name."""
@@ -164,13 +259,25 @@ def _host_guard(hosts: HostCheck) -> Middleware:
     return guard
 
 
-def build_app(service: Service, metrics: PrometheusMetrics) -> web.Application:
+def build_app(
+    service: Service, metrics: PrometheusMetrics, bridge: ServiceBridge
+) -> web.Application:
     settings = service.settings
     auth = TokenCheck(settings.admin_token)
     hosts = HostCheck(settings.http_host, settings.http_allowed_hosts)
-    probes = Probes(service, metrics.registry)
-    api = AdminApi(service, auth)
-    app = web.Application(middlewares=[json_errors, _host_guard(hosts)], client_max_size=MAX_BODY)
+    probes = Probes(service, metrics.registry, bridge)
+    reads = AdminReads(settings.url)
+    api = AdminApi(service, auth, reads, bridge)
+
+    async def close_reads(_app: web.Application) -> None:
+        await reads.close()
+
+    app = web.Application(
+        middlewares=[json_errors, _host_guard(hosts), _paced(ADMIN_REQUESTS_PER_SECOND)],
+        client_max_size=MAX_BODY,
+    )
+    app[READS_KEY] = reads
+    app.on_cleanup.append(close_reads)
     app.router.add_get("/healthz", probes.healthz)
     app.router.add_get("/readyz", probes.readyz)
     app.router.add_get("/metrics", probes.metrics)
@@ -182,7 +289,7 @@ def build_app(service: Service, metrics: PrometheusMetrics) -> web.Application:
     app.router.add_post("/api/jobs/{name:.+}/pause", api.pause)
     app.router.add_post("/api/jobs/{name:.+}/resume", api.resume)
     app.router.add_post("/api/executions/{id}/restart", api.restart)
-    TimelineApi(service, auth).register(app)
+    TimelineApi(service, auth, reads).register(app)
     for path, (name, content_type) in _STATIC.items():
         app.router.add_get(path, _static(name, content_type))
     return app

@@ -26,9 +26,11 @@ from aiohttp import web
 
 from app.http.auth import TokenCheck
 from app.http.errors import ApiError
+from app.http.reads import AdminReads
 from app.records import execution_json, iso
 from app.registry import Job
 from app.store import timeline as store
+from app.store.database import Database
 
 if TYPE_CHECKING:
     from app.service import Service
@@ -43,9 +45,11 @@ _MAX_ID = 2**63 - 1
 
 
 class TimelineApi:
-    def __init__(self, service: Service, auth: TokenCheck) -> None:
+    def __init__(self, service: Service, auth: TokenCheck, reads: AdminReads) -> None:
         self.service = service
         self.auth = auth
+        # The HTTP server has its own loop: reads go through the admin plane's own pool.
+        self.reads = reads
         self._code_jobs: dict[str, Job] = {job.name: job for job in service.jobs}
 
     def register(self, app: web.Application) -> None:
@@ -59,9 +63,10 @@ class TimelineApi:
         names = _names(request)
         limit = _integer(request, "limit", DEFAULT_LIMIT, high=MAX_LIMIT, low=1)
         upcoming = _integer(request, "next", 1, high=MAX_NEXT, low=0)
-        found = await store.timelines(self.service.db, names, limit=limit)
-        return web.json_response(
-            {
+
+        async def produce(db: Database) -> dict[str, Any]:
+            found = await store.timelines(db, names, limit=limit)
+            return {
                 "timelines": [
                     {
                         "job": t.job,
@@ -74,12 +79,18 @@ class TimelineApi:
                 ],
                 "limit": limit,
             }
-        )
+
+        key = f"timeline:{limit}:{upcoming}:" + "\x00".join(names)
+        return await self.reads.respond(request, key, produce)
 
     async def changes(self, request: web.Request) -> web.Response:
         self.auth.read(request)
         _only(request, ())
-        return web.json_response({"marker": await store.change_marker(self.service.db)})
+
+        async def produce(db: Database) -> dict[str, Any]:
+            return {"marker": await store.change_marker(db)}
+
+        return await self.reads.respond(request, "changes", produce)
 
     async def execution(self, request: web.Request) -> web.Response:
         self.auth.read(request)
@@ -89,10 +100,14 @@ class TimelineApi:
             raise ApiError(
                 400, f"execution id must be a positive whole number, got {text!r}", field="id"
             )
-        record = await store.execution(self.service.db, int(text))
-        if record is None:
-            raise ApiError(404, f"no execution with id {text}", field="id")
-        return web.json_response(execution_json(record))
+
+        async def produce(db: Database) -> dict[str, Any]:
+            record = await store.execution(db, int(text))
+            if record is None:
+                raise ApiError(404, f"no execution with id {text}", field="id")
+            return execution_json(record)
+
+        return await self.reads.respond(request, f"execution:{int(text)}", produce)
 
     def _next_slots(self, found: store.JobTimeline, count: int) -> list[datetime]:
         """The slot the cluster expects next, then the ones after it by the job's schedule when

@@ -105,10 +105,14 @@ function headerToken(value) {
   return Array.from(new TextEncoder().encode(value), (byte) => String.fromCharCode(byte)).join("");
 }
 
-// What no HTTP header can carry, whatever the encoding: control characters.
+// What no HTTP header can carry, whatever the encoding: control characters. And what the
+// server never accepts as SCHEDULER_ADMIN_TOKEN: anything but printable ASCII.
 function tokenProblem(value) {
   if (/[\u0000-\u001f\u007f]/.test(value)) {
     return "this token holds a control character (a tab, a line break…), which no HTTP header can carry: check SCHEDULER_ADMIN_TOKEN";
+  }
+  if (/[^\u0020-\u007e]/.test(value)) {
+    return "this token holds a character outside printable ASCII, which SCHEDULER_ADMIN_TOKEN never does: check what you pasted";
   }
   return null;
 }
