@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from app import alerts
 from app.clock import Clock
 from app.errors import RowBusy, SlotTaken
 from app.logs import run_fields
@@ -208,6 +209,7 @@ class Claimer:
                 log.debug("%s slot %s claimed", claim.job_name, claim.scheduled_at, extra=fields)
             return
         self.metrics.slot_recorded(claim.job_name, claim.status)
+        alerts.of(self.instance_id).not_run(claim)
         fields = run_fields(
             claim.job_name, claim.scheduled_at, claim.execution_id, self.instance_id, claim.status
         )

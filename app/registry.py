@@ -39,6 +39,8 @@ class Job:
     jitter: float = 0.0
     restartable: bool = True
     enabled: bool = True
+    alert: bool = True
+    """Whether this job's outcomes worth attention go to the alert webhook (app/alerts.py)."""
     takes_context: bool = field(default=False, compare=False)
 
     @property
@@ -71,6 +73,7 @@ class Job:
             "jitter": self.jitter,
             "restartable": self.restartable,
             "enabled": self.enabled,
+            "alert": self.alert,
         }
 
 
@@ -154,6 +157,7 @@ def _build(
     jitter: float,
     restartable: bool,
     enabled: bool,
+    alert: bool,
     registry: Registry | None,
 ) -> Job:
     default_name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
@@ -198,7 +202,7 @@ def _build(
         )
     backoff = _check_number(job_name, "retry_backoff", retry_backoff, minimum=0, strict=False)
     jitter_s = _check_number(job_name, "jitter", jitter, minimum=0, strict=False)
-    for option, value in (("restartable", restartable), ("enabled", enabled)):
+    for option, value in (("restartable", restartable), ("enabled", enabled), ("alert", alert)):
         if not isinstance(value, bool):
             raise InvalidJobError(job_name, option, f"must be True or False, got {value!r}")
     job = Job(
@@ -217,6 +221,7 @@ def _build(
         jitter=jitter_s,
         restartable=restartable,
         enabled=enabled,
+        alert=alert,
         takes_context=takes_context,
     )
     (REGISTRY if registry is None else registry).add(job)
@@ -238,6 +243,7 @@ def cron(
     jitter: float = 0,
     restartable: bool = True,
     enabled: bool = True,
+    alert: bool = True,
     registry: Registry | None = None,
 ) -> Callable[[F], F]:
     """Register an ``async def`` as a cron job.
@@ -268,6 +274,7 @@ def cron(
             jitter=jitter,
             restartable=restartable,
             enabled=enabled,
+            alert=alert,
             registry=registry,
         )
         return func
@@ -292,6 +299,7 @@ def every(
     jitter: float = 0,
     restartable: bool = True,
     enabled: bool = True,
+    alert: bool = True,
     registry: Registry | None = None,
 ) -> Callable[[F], F]:
     """Register an ``async def`` to run at a fixed rate; slots are aligned to the Unix epoch."""
@@ -323,6 +331,7 @@ def every(
             jitter=jitter,
             restartable=restartable,
             enabled=enabled,
+            alert=alert,
             registry=registry,
         )
         return func

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from app import alerts
 from app.clock import Clock
 from app.context import JobContext
 from app.logs import run_fields
@@ -145,10 +146,14 @@ class Runner:
                     job.name,
                     extra=self._fields(claim, "FENCED"),
                 )
+                alerts.of(self.instance_id).run_fenced(claim, "its lease lapsed unrenewed")
                 return None
             retry = status == "FAILED" and claim.attempt < job.max_attempts
             recorded = await self._finish(
                 claim, status, error, job.retry_backoff if retry else None
+            )
+            alerts.of(self.instance_id).run_finished(
+                claim, status, error, recorded=recorded, final=not retry
             )
         finally:
             self.runs.remove(handle)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app import alerts
 from app.claims import Claimer
 from app.clock import Clock, DatabaseClock
 from app.config import Settings
@@ -129,6 +130,7 @@ class Service:
             from app.http import HttpServer  # aiohttp is imported only when HTTP is configured
 
             self.http = HttpServer(self, prometheus)
+        self.alerts = alerts.install(self)
 
     async def _prepare_database(self) -> None:
         if self.settings.migrate_on_start:
@@ -155,6 +157,7 @@ class Service:
         now = self.clock.now()
         for run in await lifeline.abandon_orphans(self.db, instance_id=self.instance_id, now=now):
             self.metrics.slot_recorded(run.job_name, "ABANDONED")
+            self.alerts.abandoned(run)
             log.warning(
                 "execution %s of %s (slot %s) ABANDONED: left RUNNING by a previous process "
                 "with this instance id%s",
@@ -229,6 +232,7 @@ class Service:
         # loop for tens to hundreds of milliseconds in the middle of a burst of runs.
         gc.collect()
         gc.freeze()
+        await self.alerts.start()
         self.scheduler.start(self.expected)
         self.heartbeat.start()
         self.queued.start()
