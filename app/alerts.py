@@ -345,7 +345,11 @@ class Webhook(Alerts):
             await self._ready.wait()
             while self._queue:
                 body = self._queue[0]
-                await self._deliver(body)
+                try:
+                    await self._deliver(body)
+                except Exception:  # a bug here must cost one event, not every later one
+                    self.stats.dropped += 1
+                    log.exception("alerts: could not send a %s event", body.get("event"))
                 self._queue.popleft()
                 self.stats.queued = len(self._queue)
             self._ready.clear()

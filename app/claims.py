@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from app import alerts
+from app import alerts, tracing
 from app.clock import Clock
 from app.errors import RowBusy, SlotTaken
 from app.logs import run_fields
@@ -88,6 +88,7 @@ class Claimer:
         deadline = give_up_at or self.clock.now() + timedelta(seconds=BUSY_DEADLINE)
         busy = 0
         backoff = Backoff(jitter=0.5)
+        tracing.claim_began()
         while not self.closing:
             try:
                 claim = await claim_store.claim_slot(
@@ -149,6 +150,7 @@ class Claimer:
         backoff = Backoff(jitter=0.5)
         start = self.clock.now()
         together_until = start + (give_up_at - start) * HELD_TOGETHER
+        tracing.claim_began()
         while pending and not self.closing:
             try:
                 decided = await claim_store.claim_many(
@@ -197,6 +199,7 @@ class Claimer:
         return result
 
     def _recorded(self, claim: Claim) -> None:
+        tracing.claimed(claim)
         if claim.status == "RUNNING":
             if log.isEnabledFor(logging.DEBUG):  # the common case costs one level check
                 fields = run_fields(

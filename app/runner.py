@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from app import alerts
+from app import alerts, tracing
 from app.clock import Clock
 from app.context import JobContext
 from app.logs import run_fields
@@ -132,6 +132,7 @@ class Runner:
             lease_ms=claim.lease_ms,
         )
         self.runs.add(handle)
+        tracing.run_began(job, claim, self.instance_id)
         # The run stays in `runs` until its outcome is written: its lease is renewed meanwhile
         # (a write retried through an outage must not see it ABANDONED), and shutdown waits
         # for the write before it closes the database.
@@ -147,14 +148,17 @@ class Runner:
                     extra=self._fields(claim, "FENCED"),
                 )
                 alerts.of(self.instance_id).run_fenced(claim, "its lease lapsed unrenewed")
+                tracing.run_ended("FENCED")
                 return None
             retry = status == "FAILED" and claim.attempt < job.max_attempts
+            tracing.finishing()
             recorded = await self._finish(
                 claim, status, error, job.retry_backoff if retry else None
             )
             alerts.of(self.instance_id).run_finished(
                 claim, status, error, recorded=recorded, final=not retry
             )
+            tracing.run_ended(status if recorded else "FENCED", error)
         finally:
             self.runs.remove(handle)
         if recorded and retry:
@@ -193,6 +197,7 @@ class Runner:
                     extra=self._fields(claim, "RUNNING"),
                 )
             handle.began = self.metrics.run_started(job.name, claim.trigger, claim.scheduled_at)
+            tracing.job_started(self.clock)
             if job.timeout is None:
                 await (job.func(ctx) if job.takes_context else job.func())
             else:

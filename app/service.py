@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app import alerts
+from app import alerts, tracing
 from app.claims import Claimer
 from app.clock import Clock, DatabaseClock
 from app.config import Settings
@@ -217,6 +217,7 @@ class Service:
     async def start(self, stop: asyncio.Event | None = None) -> None:
         """Serve HTTP (if configured), connect (waiting out an unreachable database), register,
         and start firing."""
+        tracing.install()  # when the OTEL_* variables ask for traces
         if self.http is not None:
             # First: the probes answer (/readyz 503) while the database is waited out.
             await self.http.start()
