@@ -185,7 +185,7 @@ class Webhook(Alerts):
         self._idle = asyncio.Event()  # nothing is queued
         self._idle.set()
         self._missed: dict[str, _Missed] = {}
-        self._flushes: set[asyncio.TimerHandle] = set()
+        self._flushes: dict[str, asyncio.TimerHandle] = {}  # job -> the end of its window
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._logged_at = -LOG_EVERY_SECONDS
@@ -229,12 +229,12 @@ class Webhook(Alerts):
             pending.last = max(pending.last, claim.scheduled_at)
             return
         self._missed[claim.job_name] = _Missed(1, claim, claim.scheduled_at)
-        handle = asyncio.get_running_loop().call_later(
+        self._flushes[claim.job_name] = asyncio.get_running_loop().call_later(
             MISSED_WINDOW, self._flush_missed, claim.job_name
         )
-        self._flushes.add(handle)
 
     def _flush_missed(self, job: str) -> None:
+        self._flushes.pop(job, None)
         pending = self._missed.pop(job, None)
         if pending is None:
             return
@@ -315,12 +315,9 @@ class Webhook(Alerts):
         log.info("alerts: %s events to %s", ",".join(sorted(self.events)), self.safe_url)
 
     async def stop(self) -> None:
-        self._closing = True
-        for handle in self._flushes:
+        for handle in self._flushes.values():
             handle.cancel()
-        self._flushes.clear()
-        self._closing = False
-        for job in list(self._missed):
+        for job in list(self._missed):  # what the windows hold so far, summed up now
             self._flush_missed(job)
         self._closing = True
         if self._task is not None:

@@ -195,7 +195,7 @@ def run_began(job: Job, claim: Claim, instance_id: str) -> None:
         },
     )
     parent = trace.set_span_in_context(span)
-    if timing is not None:
+    if timing is not None and span.is_recording():  # a run sampled out costs no children
         child = _tracer.start_span("slotcron.claim", context=parent, start_time=timing[0])
         child.end(end_time=timing[1])
     _current.set(_Run(span, context.attach(parent), claim.scheduled_at))
@@ -204,7 +204,7 @@ def run_began(job: Job, claim: Claim, instance_id: str) -> None:
 def job_started(clock: Clock) -> None:
     """The job's coroutine starts now (by the scheduler's clock)."""
     run = _current.get()
-    if run is not None:
+    if run is not None and run.span.is_recording():
         lag = (clock.now() - run.slot).total_seconds()
         run.span.set_attribute("slotcron.lag", max(lag, 0.0))
 
@@ -212,7 +212,7 @@ def job_started(clock: Clock) -> None:
 def finishing() -> None:
     """The job returned; the write of its outcome starts."""
     run = _current.get()
-    if run is not None and _tracer is not None:
+    if run is not None and _tracer is not None and run.span.is_recording():
         from opentelemetry import trace
 
         run.finish = _tracer.start_span(
