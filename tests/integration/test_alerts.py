@@ -5,17 +5,14 @@ webhook fails, and never carries a password or the admin token."""
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from sqlalchemy import insert, select, update
 
 from app import JobContext, alerts
@@ -24,58 +21,16 @@ from app.service import Service
 from app.store.database import Database
 from app.store.tables import executions
 from tests.conftest import ServiceFactory, wait_for
+from tests.webhook import Listener, webhook
 
 TOKEN = "admin-token-7d2e9"
 PASSWORD = "hook-s3cret-pw"
 
 
-@dataclass
-class Received:
-    body: dict[str, Any]
-    raw: bytes
-    headers: dict[str, str]
-    at: float  # time.time() on arrival
-
-
-@dataclass
-class Listener:
-    """A webhook on 127.0.0.1 that records every POST; it answers ``fail_first`` of them 500."""
-
-    url: str = ""
-    fail_first: int = 0
-    posts: list[Received] = field(default_factory=list)  # every POST, failed ones included
-    accepted: list[Received] = field(default_factory=list)
-
-    async def handle(self, request: web.Request) -> web.Response:
-        raw = await request.read()
-        got = Received(json.loads(raw), raw, dict(request.headers), time.time())
-        self.posts.append(got)
-        if len(self.posts) <= self.fail_first:
-            return web.Response(status=500, text="down on purpose")
-        self.accepted.append(got)
-        return web.Response(status=204)
-
-    def events(self, event: str, job: str | None = None) -> list[dict[str, Any]]:
-        return [
-            r.body
-            for r in self.accepted
-            if r.body["event"] == event and (job is None or r.body["job"] == job)
-        ]
-
-
 @pytest.fixture
 async def listener() -> AsyncIterator[Listener]:
-    hook = Listener()
-    app = web.Application()
-    app.router.add_post("/hook", hook.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    hook.url = f"http://127.0.0.1:{port}/hook"
-    yield hook
-    await runner.cleanup()
+    async with webhook() as hook:
+        yield hook
 
 
 @pytest.fixture(autouse=True)
