@@ -60,7 +60,7 @@ MISSED_WINDOW = 60.0
 POST_TIMEOUT = 10.0
 RETRY_FIRST, RETRY_CAP = 1.0, 60.0
 MAX_ATTEMPTS = 8
-"""POSTs of one event before it is dropped (about four minutes of backoff)."""
+"""POSTs of one event before it is dropped (about two minutes of backoff)."""
 STOP_SECONDS = 2.0
 """How long shutdown waits for queued events (phase 4: the runs are already recorded)."""
 LOG_EVERY_SECONDS = 60.0

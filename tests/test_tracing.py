@@ -95,7 +95,7 @@ async def test_each_run_is_one_span_with_its_claim_write_and_the_jobs_own_spans_
         assert attributes["slotcron.trigger"] == "interval"
         assert attributes["slotcron.instance"] == service.instance_id
         assert str(attributes["slotcron.slot"]).endswith("Z")
-        assert 0 <= float(attributes["slotcron.lag"]) < 1  # type: ignore[arg-type]
+        assert 0 <= float(attributes["slotcron.lag"]) < 5  # type: ignore[arg-type]
         assert run.parent is None, "a run is a trace of its own"
         under = children(spans, run)
         assert set(under) == {"slotcron.claim", "slotcron.finish", "job.own-work"}

@@ -63,4 +63,4 @@ async def test_two_processes_send_each_failure_once_and_quiet_jobs_none(
         f"delay p50 {percentile(delays, 0.5) * 1000:.1f} ms, "
         f"p99 {percentile(delays, 0.99) * 1000:.1f} ms, max {max(delays) * 1000:.1f} ms"
     )
-    assert percentile(delays, 0.99) < 2.0
+    assert percentile(delays, 0.99) < 5.0

@@ -142,7 +142,7 @@ async def test_each_failure_and_abandoned_run_is_sent_once_by_a_cluster_of_two(
         f"duplicates {len(ids) - len(set(ids))}, delay p99 {p99(delays) * 1000:.1f} ms, "
         f"sent by {sorted({event['sent_by'] for event in sent})}"
     )
-    assert p99(delays) < 2.0
+    assert p99(delays) < 5.0
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
