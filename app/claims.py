@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from app import alerts, tracing
 from app.errors import RowBusy, SlotTaken
 from app.logs import run_fields
 from app.outage import DB_ERRORS, Backoff
@@ -79,6 +80,7 @@ class Claimer:
         deadline = give_up_at or self.clock.now() + timedelta(seconds=BUSY_DEADLINE)
         busy = 0
         backoff = Backoff(jitter=0.5)
+        tracing.claim_began()
         while not self.closing:
             try:
                 claim = await claim_store.claim_slot(
@@ -140,6 +142,7 @@ class Claimer:
         backoff = Backoff(jitter=0.5)
         start = self.clock.now()
         together_until = start + (give_up_at - start) * HELD_TOGETHER
+        tracing.claim_began()
         while pending and not self.closing:
             try:
                 decided = await batch_store.claim_many(
@@ -188,6 +191,7 @@ class Claimer:
         return result
 
     def _recorded(self, claim: Claim) -> None:
+        tracing.claimed(claim)
         if claim.status == Status.RUNNING:
             if log.isEnabledFor(logging.DEBUG):  # the common case costs one level check
                 fields = run_fields(
@@ -200,6 +204,7 @@ class Claimer:
                 log.debug("%s slot %s claimed", claim.job_name, claim.scheduled_at, extra=fields)
             return
         self.metrics.slot_recorded(claim.job_name, claim.status)
+        alerts.of(self.instance_id).not_run(claim)
         fields = run_fields(
             claim.job_name, claim.scheduled_at, claim.execution_id, self.instance_id, claim.status
         )

@@ -14,6 +14,7 @@ import secrets
 import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
@@ -33,6 +34,8 @@ MAX_RETENTION_DAYS = 36_500
 MAX_CONCURRENCY = 100_000
 MAX_POOL_SIZE = 1_000
 _HOST_NAME = re.compile(r"^[A-Za-z0-9.\-:\[\]]{1,253}$")
+ALERT_EVENTS = ("FAILED", "ABANDONED", "MISSED", "FENCED")
+"""What ``SCHEDULER_ALERT_EVENTS`` may name (and its default: all of them)."""
 
 # Driver names users may write, mapped to the async driver slotcron uses.
 _DRIVERS = {
@@ -104,6 +107,45 @@ class Settings(BaseSettings):
     history_retention_days: float = Field(
         default=30, gt=0, le=MAX_RETENTION_DAYS, allow_inf_nan=False
     )
+
+    # Alerts (app/alerts.py): one JSON POST per outcome worth attention. The URL may carry a
+    # password (basic auth of the webhook), so it is a secret: never printed unmasked.
+    alert_webhook_url: SecretStr | None = None
+    alert_events: Annotated[frozenset[str], NoDecode] = frozenset(ALERT_EVENTS)
+
+    @field_validator("alert_webhook_url", mode="after")
+    @classmethod
+    def _webhook_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        raw = value.get_secret_value().strip()
+        parts = urlsplit(raw)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"must be an http:// or https:// URL with a host, got {mask_url_text(raw)!r}"
+            )
+        try:
+            parts.port  # noqa: B018 (parsing the port is the check)
+        except ValueError:
+            raise ValueError(f"bad port in {mask_url_text(raw)!r}") from None
+        return SecretStr(raw)
+
+    @field_validator("alert_events", mode="before")
+    @classmethod
+    def _alert_events(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip().upper() for part in value.split(",") if part.strip()]
+        if isinstance(value, list | tuple | set | frozenset):
+            unknown = sorted(str(v) for v in value if v not in ALERT_EVENTS)
+            if unknown:
+                raise ValueError(
+                    f"unknown event {unknown[0]!r}; use a comma-separated subset of "
+                    + ",".join(ALERT_EVENTS)
+                )
+            if not value:
+                raise ValueError("names no event; use e.g. " + ",".join(ALERT_EVENTS))
+            return frozenset(value)
+        return value
 
     @field_validator("jobs", "http_allowed_hosts", mode="before")
     @classmethod
@@ -302,7 +344,7 @@ def load_settings(**overrides: Any) -> Settings:
         variable = PREFIX + str(loc).upper() if loc else "configuration"
         message = str(error["msg"]).removeprefix("Value error, ")
         if (
-            loc not in ("database_url", "admin_token")
+            loc not in ("database_url", "admin_token", "alert_webhook_url")  # secrets
             and loc
             and "input" in error
             and not isinstance(error["input"], dict)

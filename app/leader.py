@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from app import alerts
 from app.logs import run_fields
 from app.misfire import MAX_GRACE
 from app.outage import DB_ERRORS
@@ -117,6 +118,7 @@ class Leader(Role):
     async def _abandon_lapsed(self, now: datetime) -> None:
         for run in await lifeline.abandon_lapsed(self.db, now=now):
             self.metrics.slot_recorded(run.job_name, "ABANDONED")
+            alerts.of(self.instance_id).abandoned(run)
             log.warning(
                 "execution %s of %s (slot %s) ABANDONED: instance %s let its lease lapse at %s%s",
                 run.execution_id,

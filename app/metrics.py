@@ -163,6 +163,25 @@ class InstanceCollector(Collector):
             "1 once shutdown has begun (no more claims; in-flight runs drain)",
             value=1 if service.state in ("draining", "stopped") else 0,
         )
+        sent = service.alerts.stats
+        yield CounterMetricFamily(
+            "slotcron_alerts_sent",
+            "Alert events the webhook accepted (SCHEDULER_ALERT_WEBHOOK_URL)",
+            value=sent.sent,
+        )
+        yield CounterMetricFamily(
+            "slotcron_alerts_failed",
+            "POSTs to the alert webhook that failed (each retry counts)",
+            value=sent.failed,
+        )
+        yield CounterMetricFamily(
+            "slotcron_alerts_dropped",
+            "Alert events given up: queue full, retries exhausted, refused, or shutdown",
+            value=sent.dropped,
+        )
+        yield GaugeMetricFamily(
+            "slotcron_alerts_queued", "Alert events waiting to be sent", value=sent.queued
+        )
         offset = getattr(service.clock, "offset", None)
         if offset is not None:
             yield GaugeMetricFamily(

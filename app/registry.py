@@ -39,6 +39,8 @@ class Job:
     jitter: float = 0.0
     restartable: bool = True
     enabled: bool = True
+    alert: bool = True
+    """Whether this job's outcomes worth attention go to the alert webhook (app/alerts.py)."""
     takes_context: bool = field(default=False, compare=False)
 
     @property
@@ -71,6 +73,7 @@ class Job:
             "jitter": self.jitter,
             "restartable": self.restartable,
             "enabled": self.enabled,
+            "alert": self.alert,
         }
 
 
@@ -149,6 +152,7 @@ class JobOptions(TypedDict, total=False):
     jitter: float
     restartable: bool
     enabled: bool
+    alert: bool
     registry: Registry | None
 
 
@@ -165,6 +169,7 @@ DEFAULTS: JobOptions = {
     "jitter": 0,
     "restartable": True,
     "enabled": True,
+    "alert": True,
     "registry": None,
 }
 
@@ -195,6 +200,7 @@ def _build(
     jitter: float,
     restartable: bool,
     enabled: bool,
+    alert: bool,
     registry: Registry | None,
 ) -> Job:
     default_name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
@@ -239,7 +245,7 @@ def _build(
         )
     backoff = _check_number(job_name, "retry_backoff", retry_backoff, minimum=0, strict=False)
     jitter_s = _check_number(job_name, "jitter", jitter, minimum=0, strict=False)
-    for option, value in (("restartable", restartable), ("enabled", enabled)):
+    for option, value in (("restartable", restartable), ("enabled", enabled), ("alert", alert)):
         if not isinstance(value, bool):
             raise InvalidJobError(job_name, option, f"must be True or False, got {value!r}")
     job = Job(
@@ -258,6 +264,7 @@ def _build(
         jitter=jitter_s,
         restartable=restartable,
         enabled=enabled,
+        alert=alert,
         takes_context=takes_context,
     )
     (REGISTRY if registry is None else registry).add(job)

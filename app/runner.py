@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from app import alerts, tracing
 from app.context import JobContext
 from app.inflight import CancelReason, RunHandle, Runs
 from app.logs import run_fields
@@ -62,6 +63,7 @@ class Runner:
             lease_ms=claim.lease_ms,
         )
         self.runs.add(handle)
+        tracing.run_began(job, claim, self.instance_id)
         # The run stays in `runs` until its outcome is written: its lease is renewed meanwhile
         # (a write retried through an outage must not see it ABANDONED), and shutdown waits
         # for the write before it closes the database.
@@ -76,11 +78,18 @@ class Runner:
                     job.name,
                     extra=self._fields(claim, "FENCED"),
                 )
+                alerts.of(self.instance_id).run_fenced(claim, "its lease lapsed unrenewed")
+                tracing.run_ended("FENCED")
                 return None
             retry = status == Status.FAILED and claim.attempt < job.max_attempts
+            tracing.finishing()
             recorded = await self.outcomes.record(
                 claim, status, error, job.retry_backoff if retry else None
             )
+            alerts.of(self.instance_id).run_finished(
+                claim, status, error, recorded=recorded, final=not retry
+            )
+            tracing.run_ended(status if recorded else "FENCED", error)
         finally:
             self.runs.remove(handle)
         if recorded and retry:
@@ -119,6 +128,7 @@ class Runner:
                     extra=self._fields(claim, Status.RUNNING),
                 )
             handle.began = self.metrics.run_started(job.name, claim.trigger, claim.scheduled_at)
+            tracing.job_started(self.clock)
             if job.timeout is None:
                 await (job.func(ctx) if job.takes_context else job.func())
             else:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app import alerts, tracing
 from app.burst import Burst
 from app.claims import Claimer
 from app.clock import Clock, DatabaseClock
@@ -137,6 +138,7 @@ class Service:
             from app.http import HttpServer  # aiohttp is imported only when HTTP is configured
 
             self.http = HttpServer(self, prometheus)
+        self.alerts = alerts.install(self)
 
     @property
     def roles(self) -> list[Role]:
@@ -186,6 +188,7 @@ class Service:
         now = self.clock.now()
         for run in await lifeline.abandon_orphans(self.db, instance_id=self.instance_id, now=now):
             self.metrics.slot_recorded(run.job_name, "ABANDONED")
+            self.alerts.abandoned(run)
             log.warning(
                 "execution %s of %s (slot %s) ABANDONED: left RUNNING by a previous process "
                 "with this instance id%s",
@@ -246,6 +249,7 @@ class Service:
     async def start(self, stop: asyncio.Event | None = None) -> None:
         """Serve HTTP (if configured), connect (waiting out an unreachable database), register,
         and start firing."""
+        tracing.install()  # when the OTEL_* variables ask for traces
         if self.http is not None:
             # First: the probes answer (/readyz 503) while the database is waited out.
             await self.http.start()
@@ -261,6 +265,7 @@ class Service:
         # loop for tens to hundreds of milliseconds in the middle of a burst of runs.
         gc.collect()
         gc.freeze()
+        await self.alerts.start()
         self.planner.start(self.expected)
         for role in self.roles:
             role.start()

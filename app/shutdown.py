@@ -120,6 +120,7 @@ async def shut_down(service: Service, signals: Signals) -> None:
         )
     except DB_ERRORS as exc:
         log.warning("could not mark instance stopped: %s", describe(exc))
+    await service.alerts.stop()  # sends what is queued, for up to 2 s
     if service.http is not None:
         await service.http.stop()  # last: /readyz said 503 through the whole drain
     await service.db.close()

@@ -342,6 +342,7 @@ def test_options_are_recorded_with_the_contract_defaults(registry: Registry) -> 
         "jitter": 0,
         "restartable": True,
         "enabled": True,
+        "alert": True,
     }
     assert job.timezone is None
 

@@ -40,6 +40,7 @@ class Abandoned:
     instance_id: str | None
     lease_until: datetime
     retry_id: int | None
+    alert: bool = True  # the job's stored `alert` option (the leader may not have the job)
 
 
 async def queue_retry(
@@ -139,6 +140,7 @@ async def _abandon(
                 await conn.execute(select(jobs.c.options).where(jobs.c.name == row.job_name))
             ).scalar_one_or_none() or {}
             retry_id = None
+            alert = bool(options.get("alert", True))
             if row.attempt < int(options.get("max_attempts", 1)):
                 retry_id = await queue_retry(
                     conn,
@@ -149,7 +151,13 @@ async def _abandon(
                 )
         found.append(
             Abandoned(
-                row.id, row.job_name, row.scheduled_at, row.instance_id, row.lease_until, retry_id
+                row.id,
+                row.job_name,
+                row.scheduled_at,
+                row.instance_id,
+                row.lease_until,
+                retry_id,
+                alert,
             )
         )
     return found

@@ -1,0 +1,108 @@
+"""Alert settings and the per-job option: bad values stop start-up naming the variable, and a
+webhook URL's password is never printed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from app.alerts import safe_url
+from app.config import ALERT_EVENTS, load_settings
+from app.errors import ConfigError, InvalidJobError
+from app.registry import Registry, cron, every
+
+PASSWORD = "pa55-w0rd"
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for key in list(os.environ):
+        if key.upper().startswith("SCHEDULER_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+
+
+def refusal(monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> ConfigError:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    return caught.value
+
+
+def test_alerts_are_off_by_default_and_every_event_is_chosen() -> None:
+    settings = load_settings()
+    assert settings.alert_webhook_url is None
+    assert settings.alert_events == frozenset(ALERT_EVENTS)
+    assert set(ALERT_EVENTS) == {"FAILED", "ABANDONED", "MISSED", "FENCED"}
+
+
+def test_alert_events_are_a_comma_separated_subset_in_any_case(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SCHEDULER_ALERT_EVENTS", " failed, Missed ,")
+    assert load_settings().alert_events == {"FAILED", "MISSED"}
+
+
+def test_an_unknown_alert_event_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    error = refusal(monkeypatch, "SCHEDULER_ALERT_EVENTS", "FAILED,COMPLETED")
+    assert "SCHEDULER_ALERT_EVENTS" in str(error) and "'COMPLETED'" in str(error)
+
+
+def test_alert_events_naming_nothing_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "names no event" in str(refusal(monkeypatch, "SCHEDULER_ALERT_EVENTS", " , "))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"ftp://user:{PASSWORD}@hooks.example.com/x",
+        f"https://user:{PASSWORD}@/no-host",
+        f"http://user:{PASSWORD}@hooks.example.com:99999/x",
+        "hooks.example.com/x",
+    ],
+)
+def test_a_bad_webhook_url_is_refused_without_printing_its_password(
+    monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    error = refusal(monkeypatch, "SCHEDULER_ALERT_WEBHOOK_URL", url)
+    assert str(error).startswith("SCHEDULER_ALERT_WEBHOOK_URL")
+    assert PASSWORD not in str(error)
+
+
+def test_a_webhook_url_with_a_password_is_kept_whole_but_printed_without_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = f"https://bot:{PASSWORD}@hooks.example.com:8443/slotcron?key=abc#x"
+    monkeypatch.setenv("SCHEDULER_ALERT_WEBHOOK_URL", url)
+    settings = load_settings()
+    assert settings.alert_webhook_url is not None
+    assert settings.alert_webhook_url.get_secret_value() == url
+    assert PASSWORD not in repr(settings) and PASSWORD not in str(settings)
+    assert safe_url(url) == "https://hooks.example.com:8443/slotcron"
+
+
+def test_alert_is_a_job_option_stored_with_the_job() -> None:
+    registry = Registry()
+
+    @cron("* * * * *", name="quiet", alert=False, registry=registry)
+    async def quiet() -> None: ...
+
+    @every(seconds=5, name="loud", registry=registry)
+    async def loud() -> None: ...
+
+    jobs = {job.name: job for job in registry}
+    assert jobs["quiet"].alert is False and jobs["quiet"].options()["alert"] is False
+    assert jobs["loud"].alert is True
+
+
+def test_alert_must_be_true_or_false() -> None:
+    with pytest.raises(InvalidJobError) as caught:
+
+        @every(seconds=5, name="odd", alert="no", registry=Registry())  # type: ignore[arg-type]
+        async def odd() -> None: ...
+
+    assert "'odd'" in str(caught.value) and "alert" in str(caught.value)
