@@ -120,7 +120,9 @@ class Burst:
             raise
         for name, claim in decided.claims.items():
             if claim.status == Status.RUNNING:
-                self.firing.start_run(jobs[name], claim)
+                job = jobs[name]
+                end = ends[id(self.schedules[name]), claim.scheduled_at]
+                self.firing.start_run(job, claim, end)
                 continue
             self.permits.give_back()  # SKIPPED: logged and counted by the claimer
         self.permits.give_back(len(decided.taken))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from app import alerts, tracing
@@ -82,6 +82,7 @@ class Claimer:
         backoff = Backoff(jitter=0.5)
         tracing.claim_began()
         while not self.closing:
+            sent = self.clock.monotonic()
             try:
                 claim = await claim_store.claim_slot(
                     self.db,
@@ -117,7 +118,7 @@ class Claimer:
             self.outage.recovered()
             self.stats.claims += 1
             self._recorded(claim)
-            return claim
+            return replace(claim, sent=sent)
         if not self.closing:
             self.stats.gave_up += 1
             log.warning(
@@ -144,6 +145,7 @@ class Claimer:
         together_until = start + (give_up_at - start) * HELD_TOGETHER
         tracing.claim_began()
         while pending and not self.closing:
+            sent = self.clock.monotonic()
             try:
                 decided = await batch_store.claim_many(
                     self.db, pending, instance_id=self.instance_id, now=self.clock.now()
@@ -162,9 +164,9 @@ class Claimer:
             self.stats.batches += 1
             self.stats.claims += len(decided.claims)
             self.stats.taken += len(decided.taken)
-            for claim in decided.claims.values():
+            for name, claim in decided.claims.items():
                 self._recorded(claim)
-            result.claims.update(decided.claims)
+                result.claims[name] = replace(claim, sent=sent)
             result.taken |= decided.taken
             result.undecided += decided.undecided
             result.expected.update(decided.expected)

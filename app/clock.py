@@ -1,8 +1,11 @@
 """Time is a dependency: the scheduler asks a clock, never ``datetime.now()``.
 
 In production the clock is the database's (guarantee 5): each instance measures its offset to
-the database clock, round-trip compensated, and refreshes it every minute. Tests use
-:class:`ManualClock` to move time instead of sleeping.
+the database clock, round-trip compensated, and refreshes it every five minutes. Between two
+measurements time is carried by the monotonic clock, never by the wall clock: a wall clock that
+steps (NTP, a VM resumed) moves nothing, and is detected (:meth:`DatabaseClock.wall_stepped`) so
+that the offset is measured again at once. Tests use :class:`ManualClock` to move time instead
+of sleeping.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ class Clock(Protocol):
 
     async def sleep(self, seconds: float) -> None: ...
 
+    def monotonic(self) -> float:
+        """Seconds on a clock that never steps (the deadlines that fence runs)."""
+        ...
+
 
 class SystemClock:
     """This machine's clock plus a measured offset to the reference (the database)."""
@@ -35,6 +42,9 @@ class SystemClock:
 
     def now(self) -> datetime:
         return datetime.now(UTC) + self.offset
+
+    def monotonic(self) -> float:
+        return time.monotonic()
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(seconds, 0))
@@ -74,10 +84,33 @@ class DatabaseClock(SystemClock):
 
     SAMPLES = 8
 
+    STEP = 0.5
+    """Seconds by which the wall clock must jump against the monotonic one to count as a step."""
+
     def __init__(self, sample: Sampler) -> None:
         super().__init__()
         self._sample = sample
         self.round_trip = timedelta(0)
+        # The local time line: the wall clock read once, carried on by the monotonic clock.
+        self._base = datetime.now(UTC)
+        self._base_mono = time.monotonic()
+        self._wall_gap = time.time() - time.monotonic()
+
+    def _local(self, mono: float | None = None) -> datetime:
+        at = time.monotonic() if mono is None else mono
+        return self._base + timedelta(seconds=at - self._base_mono)
+
+    def now(self) -> datetime:
+        return self._local() + self.offset
+
+    def wall_stepped(self) -> bool:
+        """True (once per step) when the wall clock jumped against the monotonic one since the
+        last look: a reference that is itself a wall clock (SQLite's storage) may have stepped
+        with it, so the offset is to be measured again."""
+        gap = time.time() - time.monotonic()
+        stepped = abs(gap - self._wall_gap) > self.STEP
+        self._wall_gap = gap
+        return stepped
 
     async def sync(self, samples: int = SAMPLES) -> timedelta:
         """Measure the offset to the reference clock, never overestimating our lateness.
@@ -92,12 +125,13 @@ class DatabaseClock(SystemClock):
         for _ in range(samples):
             t0 = time.perf_counter()
             reference = await self._sample()
-            after = time.time()
+            after = self._local()
             shortest = min(shortest, time.perf_counter() - t0)
             if reference is None:
-                self.offset = timedelta(0)
+                # No reference: this machine's wall clock, as it reads now.
+                self.offset = datetime.now(UTC) - after
                 return self.offset
-            lower = reference - datetime.fromtimestamp(after, UTC)
+            lower = reference - after
             bound = lower if bound is None else max(bound, lower)
         assert bound is not None
         self.round_trip = timedelta(seconds=shortest)
@@ -114,6 +148,9 @@ class ManualClock:
 
     def now(self) -> datetime:
         return self._now
+
+    def monotonic(self) -> float:
+        return self._now.timestamp()
 
     async def sleep(self, seconds: float) -> None:
         await self.sleep_until(self._now + timedelta(seconds=seconds))

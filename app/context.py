@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,12 @@ class JobContext:
     logger: logging.Logger | logging.LoggerAdapter[logging.Logger]
     params: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
+    fencing_token: int = 0
+    """Grows with every run of this job across the cluster, attempts included: a job writing to
+    its own database can refuse a writer whose token is older than the last one it saw."""
+    lease_lost: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when this run has been fenced (its lease could not be kept): stop at once; the run
+    is being cancelled, and another instance may run the slot again."""
     _save: Saver | None = field(default=None, repr=False)
 
     async def checkpoint(self, **values: Any) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -19,11 +20,13 @@ from app import misfire
 from app.claims import Claimer
 from app.clock import Clock
 from app.errors import SlotsUndecided
+from app.outage import DB_ERRORS
 from app.permits import Permits
 from app.registry import Job
 from app.runner import Runner
 from app.slots import Schedule
 from app.status import Status, Trigger
+from app.store import runs as run_store
 from app.store.claims import Claim
 
 log = logging.getLogger("slotcron.scheduler")
@@ -113,17 +116,60 @@ class Firing:
             self._past_claim()
             if claim is None or claim.status != Status.RUNNING:
                 return  # the claimer logged and counted what it recorded instead
-            await self.runner.run(job, claim)
+            on_time = await self.on_time(job, claim, give_up_at)
+            if on_time is not None:
+                await self.runner.run(job, on_time)
 
-    def start_run(self, job: Job, claim: Claim) -> None:
-        """Run a claim made under a capacity permit already taken; give the permit back after."""
+    async def on_time(self, job: Job, claim: Claim, give_up_at: datetime) -> Claim | None:
+        """``claim`` if it may start as an on-time run. A claim that committed past its slot's
+        grace (its transaction hung, say) does not: the misfire policy decides the slot, as if
+        the claim had given up: ``skip`` records it MISSED (None), ``once``/``all`` run it as
+        ``catchup``. Catch-up and manual runs are never late."""
+        if claim.trigger not in (Trigger.CRON, Trigger.INTERVAL):
+            return claim
+        now = self.clock.now()
+        if now <= give_up_at:
+            return claim
+        reason = None
+        if job.misfire == "skip":
+            reason = misfire.missed_reason(job, claim.scheduled_at, now)
+        log.warning(
+            "%s slot %s was claimed %.1f s after its time, past its grace: %s",
+            job.name,
+            claim.scheduled_at.isoformat(),
+            (now - claim.scheduled_at).total_seconds(),
+            "recorded MISSED" if reason else "run as a catch-up",
+        )
+        try:
+            ours = await run_store.claimed_late(
+                self.claimer.db,
+                execution_id=claim.execution_id,
+                instance_id=self.claimer.instance_id,
+                now=now,
+                missed_reason=reason,
+            )
+        except DB_ERRORS as exc:
+            # Not started, not renewed: its lease lapses and the leader records it ABANDONED.
+            self.claimer.outage.failed(exc, f"recording late claim {claim.execution_id}")
+            return None
+        if not ours or reason is not None:
+            if ours:
+                self.claimer.metrics.slot_recorded(job.name, Status.MISSED)
+            return None
+        return replace(claim, trigger=Trigger.CATCHUP)
+
+    def start_run(self, job: Job, claim: Claim, give_up_at: datetime) -> None:
+        """Run a claim made under a capacity permit already taken; give the permit back after.
+        Past ``give_up_at`` (its slot's grace) it is late: see :meth:`on_time`."""
 
         # Claimed ahead of its time, it starts at its slot (by the database's clock), not now.
         start_at = claim.scheduled_at if claim.scheduled_at > self.clock.now() else None
 
         async def run() -> None:
             try:
-                await self.runner.run(job, claim, start_at)
+                on_time = claim if start_at else await self.on_time(job, claim, give_up_at)
+                if on_time is not None:
+                    await self.runner.run(job, on_time, start_at)
             finally:
                 self.permits.give_back()
 

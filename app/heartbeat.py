@@ -1,19 +1,21 @@
-"""The heartbeat: one batched renewal of every lease this instance holds, and self-fencing.
+"""The heartbeat: one batched renewal of every lease this instance holds.
 
-A run whose lease this instance could not renew before it lapsed is cancelled locally: by then
-the cluster may have declared it ABANDONED and run the slot again elsewhere.
+A confirmed renewal moves each run's deadline to (when it was sent + the lease - a margin); a
+run the database no longer counts as ours (its lease lapsed: a renewal never revives one; or
+another instance recorded it) is fenced at once. A renewal that fails or hangs changes nothing:
+time fences the runs it could not renew (:mod:`app.fencing`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import Callable
-from datetime import timedelta
 
 from app.clock import DatabaseClock
-from app.inflight import CancelReason, Runs
+from app.inflight import CancelReason, Runs, trusted_until
 from app.outage import DB_ERRORS
 from app.roles import Collaborators, Role
 from app.store import runs as run_store
@@ -21,6 +23,8 @@ from app.store import runs as run_store
 log = logging.getLogger("slotcron.heartbeat")
 
 CLOCK_SYNC_SECONDS = 300.0
+RENEWAL_TIMEOUT_MIN = 1.0
+"""Seconds a renewal may take at the least before it is given up."""
 
 
 class Heartbeat(Role):
@@ -47,9 +51,8 @@ class Heartbeat(Role):
             # a lease of at least four periods, and is renewed within two.
             await self.clock.sleep(self.period if len(self.runs) else 2 * self.period)
             await self.beat()
-            if (
-                isinstance(self.clock, DatabaseClock)
-                and time.monotonic() - self._last_sync > CLOCK_SYNC_SECONDS
+            if isinstance(self.clock, DatabaseClock) and (
+                self.clock.wall_stepped() or time.monotonic() - self._last_sync > CLOCK_SYNC_SECONDS
             ):
                 self._last_sync = time.monotonic()
                 with contextlib.suppress(*DB_ERRORS):
@@ -57,48 +60,37 @@ class Heartbeat(Role):
 
     async def beat(self) -> None:
         now = self.clock.now()
+        # Trust starts when the renewal is sent, not when its answer comes back.
+        sent = self.clock.monotonic()
         # Judge only the runs counted now: one whose claim commits while we await the renewal
         # is not in the database's answer, and is not "taken from us" for that.
         counted = list(self.runs)
         counts = self.runs.lease_counts()
         try:
-            still_ours = await run_store.renew(
-                self.db,
-                instance_id=self.instance_id,
-                now=now,
-                lease_counts=counts,
-                instance_state=self.instance_state(),
-            )
+            # A renewal that hangs is given up (and tried again next period on another
+            # connection); the runs it could not renew are fenced by time (app/fencing.py).
+            async with asyncio.timeout(max(self.period, RENEWAL_TIMEOUT_MIN)):
+                still_ours = await run_store.renew(
+                    self.db,
+                    instance_id=self.instance_id,
+                    now=now,
+                    lease_counts=counts,
+                    instance_state=self.instance_state(),
+                )
         except DB_ERRORS as exc:
             self.outage.failed(exc, "renewing leases")
-            # Fence what will lapse before the next chance to renew, not only what already has.
-            self.fence_lapsed(margin=self.period)
             return
         self.outage.recovered()
         for handle in counted:
             if handle.done.is_set():
                 continue  # ended while we renewed
             if still_ours is None or handle.id in still_ours:
-                handle.deadline = max(
-                    handle.deadline, now + timedelta(milliseconds=handle.lease_ms)
-                )
+                handle.deadline = max(handle.deadline, trusted_until(sent, handle.lease_ms))
             else:
                 log.warning(
-                    "execution %s of %s is no longer ours (recorded elsewhere); cancelling it",
+                    "execution %s of %s is no longer ours (its lease lapsed, or it was recorded "
+                    "elsewhere); cancelling it",
                     handle.id,
                     handle.job.name,
-                )
-                self.runs.cancel(handle, CancelReason.FENCED)
-
-    def fence_lapsed(self, margin: float = 0.0) -> None:
-        """Cancel every run whose lease lapses within ``margin`` seconds without renewal."""
-        horizon = self.clock.now() + timedelta(seconds=margin)
-        for handle in self.runs:
-            if handle.deadline <= horizon and handle.cancel_reason is None:
-                log.warning(
-                    "lease of execution %s (%s) lapses at %s and cannot be renewed; cancelling it",
-                    handle.id,
-                    handle.job.name,
-                    handle.deadline.isoformat(),
                 )
                 self.runs.cancel(handle, CancelReason.FENCED)

@@ -1,9 +1,15 @@
 """The runs in flight on this instance: what the runner, the heartbeat and shutdown share.
 
 Each run has a :class:`RunHandle` from its claim until its outcome is written. The handle holds
-the run's deadline (when its lease ends unless renewed) and, once it is cancelled, why
-(:class:`CancelReason`): the runner records a run stopped by shutdown ``STOPPED``, and writes
-nothing for a fenced one (the cluster may already have recorded it elsewhere).
+the run's deadline and, once it is cancelled, why (:class:`CancelReason`): the runner records a
+run stopped by shutdown ``STOPPED``, and writes nothing for a fenced one (the cluster may
+already have recorded it elsewhere).
+
+The deadline is on the local monotonic clock: when the last *confirmed* renewal of the run's
+lease was *sent* (its claim, at first), plus the lease, less :func:`margin`. Trust never
+outlives what the database granted, however slow its answer, and a paused process or a hung
+database path is fenced by time alone, before any other instance can judge the lease lapsed
+(:mod:`app.fencing`).
 """
 
 from __future__ import annotations
@@ -11,7 +17,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from enum import StrEnum
 
 from app.registry import Job
@@ -26,6 +31,18 @@ class CancelReason(StrEnum):
     written, since another instance may have judged the run already."""
 
 
+def margin(lease_ms: int) -> float:
+    """Seconds a run stops before its lease would lapse: a tenth of the lease, from 50 ms to
+    1 s. What another instance needs to judge a lease lapsed is longer still (the leader's
+    tick, by the database's clock)."""
+    return min(1.0, max(0.05, lease_ms / 10_000))
+
+
+def trusted_until(sent: float, lease_ms: int) -> float:
+    """The deadline a lease granted by a statement sent at ``sent`` (monotonic) gives."""
+    return sent + lease_ms / 1000 - margin(lease_ms)
+
+
 @dataclass
 class RunHandle:
     """One run in flight on this instance."""
@@ -33,10 +50,12 @@ class RunHandle:
     claim: Claim
     job: Job
     task: asyncio.Task[object] | None
-    deadline: datetime
-    """When the run's lease ends unless renewed (by the scheduler's clock)."""
+    deadline: float
+    """Past this (the clock's monotonic seconds) the run is fenced: see :func:`trusted_until`."""
     lease_ms: int
     cancel_reason: CancelReason | None = None
+    lease_lost: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the run is fenced (``ctx.lease_lost``)."""
     done: asyncio.Event = field(default_factory=asyncio.Event)
     finishing: bool = False
     """The job has returned; only its outcome's write is left (never cancelled)."""
@@ -54,22 +73,29 @@ class Runs:
         self._handles: dict[int, RunHandle] = {}
         self._empty = asyncio.Event()
         self._empty.set()
+        self._busy = asyncio.Event()
 
     def add(self, handle: RunHandle) -> None:
         self._handles[handle.id] = handle
         self._empty.clear()
+        self._busy.set()
 
     def remove(self, handle: RunHandle) -> None:
         self._handles.pop(handle.id, None)
         handle.done.set()
         if not self._handles:
             self._empty.set()
+            self._busy.clear()
 
     def __iter__(self) -> Iterator[RunHandle]:
         return iter(list(self._handles.values()))
 
     def __len__(self) -> int:
         return len(self._handles)
+
+    async def wait_busy(self) -> None:
+        """Until at least one run is in flight."""
+        await self._busy.wait()
 
     def lease_counts(self) -> dict[int, int]:
         """How many runs hold each lease length (ms): the heartbeat renews one length at a time."""
@@ -84,6 +110,8 @@ class Runs:
             return  # its job is over: cancelling would only lose the outcome
         if handle.cancel_reason is None:
             handle.cancel_reason = reason
+        if reason == CancelReason.FENCED:
+            handle.lease_lost.set()
         if handle.task is not None:
             handle.task.cancel()
 

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app.config import mask_url_text
 from app.store.dialects import DRIVER_ERRORS
@@ -26,7 +27,8 @@ DB_ERRORS: tuple[type[BaseException], ...] = (
     DBAPIError,
     OSError,
     ConnectionError,
-    TimeoutError,
+    TimeoutError,  # a deadline of ours (app/store/database.py) or a driver's
+    PoolTimeout,  # no pooled connection in time
     *DRIVER_ERRORS,
 )
 

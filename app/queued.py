@@ -14,9 +14,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 
-from app.errors import RowBusy
+from app.errors import LeaseHeld, RowBusy
 from app.logs import run_fields
 from app.outage import DB_ERRORS
 from app.registry import Job
@@ -29,6 +30,8 @@ from app.store.lifeline import QUEUED_CHANNEL
 
 log = logging.getLogger("slotcron.queued")
 
+LEASE_HELD_RECHECK = timedelta(seconds=1)
+"""How soon a queued run of a forbid job that found the lease held looks again, at most."""
 LISTENING_POLL_SECONDS = 300.0
 """How often a listening instance looks anyway: notifications are not queued for a listener
 whose connection was lost, and a new connection starts with a poll of its own."""
@@ -139,6 +142,7 @@ class QueuedRuns(Role):
             job = self.jobs.get(item.job_name)
             if job is None:
                 continue  # another version's job: left to an instance that has it
+            sent = self.clock.monotonic()
             try:
                 claim = await queue.take(
                     self.db,
@@ -153,7 +157,15 @@ class QueuedRuns(Role):
                 # Someone is claiming this job right now: look again shortly.
                 self.wake_at(self.clock.now() + timedelta(milliseconds=50))
                 continue
+            except LeaseHeld as held:
+                # A run of this forbid job holds the lease: look again when it ends, at the
+                # latest when it lapses (renewals move that on, so also every second), on
+                # every backend: no notification says that a run ended.
+                until: datetime = held.until  # type: ignore[assignment]
+                self.wake_at(min(until, self.clock.now() + LEASE_HELD_RECHECK))
+                continue
             if claim is not None:
+                claim = replace(claim, sent=sent)
                 log.info(
                     "%s slot %s: starting attempt %d (%s)",
                     job.name,

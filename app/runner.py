@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 from app import alerts, tracing
 from app.context import JobContext
-from app.inflight import CancelReason, RunHandle, Runs
+from app.inflight import CancelReason, RunHandle, Runs, trusted_until
 from app.logs import run_fields
 from app.outcomes import Outcomes
 from app.registry import Job
@@ -59,7 +59,7 @@ class Runner:
             claim=claim,
             job=job,
             task=asyncio.current_task(),
-            deadline=claim.lease_until,
+            deadline=trusted_until(claim.sent or self.clock.monotonic(), claim.lease_ms),
             lease_ms=claim.lease_ms,
         )
         self.runs.add(handle)
@@ -111,6 +111,8 @@ class Runner:
             ),
             params=dict(claim.params),
             state=dict(claim.state),
+            fencing_token=claim.fencing_token or 0,
+            lease_lost=handle.lease_lost,
             _save=lambda state: self._save_state(claim, state),
         )
         timeout: asyncio.Timeout | None = None

@@ -20,6 +20,7 @@ from app.claims import Claimer
 from app.clock import Clock, DatabaseClock
 from app.config import Settings
 from app.errors import ConfigError
+from app.fencing import Fencing
 from app.firing import Firing
 from app.heartbeat import Heartbeat
 from app.inflight import Runs
@@ -133,6 +134,7 @@ class Service:
             period=period,
             instance_state=lambda: self.state,
         )
+        self.fencing = Fencing(shared, runs=self.runs)
         self.http: HttpServer | None = None
         if prometheus is not None:
             from app.http import HttpServer  # aiohttp is imported only when HTTP is configured
@@ -143,7 +145,7 @@ class Service:
     @property
     def roles(self) -> list[Role]:
         """The supervised background roles, in the order they start."""
-        return [self.outcomes, self.heartbeat, self.queued, self.leader]
+        return [self.outcomes, self.heartbeat, self.fencing, self.queued, self.leader]
 
     @property
     def claiming(self) -> list[Stoppable]:
@@ -155,7 +157,7 @@ class Service:
         """What shutdown stops in phase 4, once no run is left, in order: what in-flight runs
         needed to the end (lease renewals, outcome writes). The HTTP server stops after them,
         last of all: /readyz says 503 through the whole shutdown."""
-        return [self.heartbeat, self.outcomes]
+        return [self.heartbeat, self.fencing, self.outcomes]
 
     async def _prepare_database(self) -> None:
         if self.settings.migrate_on_start:

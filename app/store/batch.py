@@ -35,6 +35,7 @@ class _Batch:
     insert_runs: Any
     insert_rows: Any
     advance: Any
+    take_tokens: Any
 
 
 @functools.cache
@@ -57,10 +58,12 @@ def _batch(dialect: Dialect, server_clock: bool = False) -> _Batch:
         bindparam("p_lease_ms", type_=Integer()),
         bindparam("p_params", type_=JSON()),
         bindparam("p_state", type_=JSON()),
+        jobs.c.fencing_token + 1,  # taken by the job's counter below, in the same transaction
     ).where(names)
     columns = [
         "job_name", "scheduled_at", "trigger", "status", "attempt", "instance_id", "created_at",
         "started_at", "heartbeat_at", "lease_until", "lease_ms", "params", "state",
+        "fencing_token",
     ]  # fmt: skip
     return _Batch(
         lock=select(
@@ -69,6 +72,7 @@ def _batch(dialect: Dialect, server_clock: bool = False) -> _Batch:
             jobs.c.paused_reason,
             jobs.c.last_slot_at,
             jobs.c.next_slot_at,
+            jobs.c.fencing_token,
         )
         .where(names)
         .with_for_update(skip_locked=True),
@@ -80,7 +84,7 @@ def _batch(dialect: Dialect, server_clock: bool = False) -> _Batch:
         ),
         insert_runs=insert(executions)
         .from_select(columns, runs)
-        .returning(executions.c.id, executions.c.job_name),
+        .returning(executions.c.id, executions.c.job_name, executions.c.fencing_token),
         insert_rows=insert(executions).returning(executions.c.id, sort_by_parameter_order=True),
         advance=update(jobs)
         .where(names)
@@ -88,6 +92,7 @@ def _batch(dialect: Dialect, server_clock: bool = False) -> _Batch:
             last_slot_at=bindparam("p_slot", type_=UTCDateTime()),
             next_slot_at=bindparam("p_next", type_=UTCDateTime()),
         ),
+        take_tokens=update(jobs).where(names).values(fencing_token=jobs.c.fencing_token + 1),
     )
 
 
@@ -144,7 +149,7 @@ async def claim_many(db: Database, items: list[Due], *, instance_id: str, now: d
             locked = await _lock(conn, sql, by_name, decided)
             holders = await _holders(conn, sql, locked, by_name, now)
             plan = _judge_all(locked, by_name, holders, now, decided)
-            ids = await _write(conn, sql, plan, instance_id, now)
+            ids, tokens = await _write(conn, sql, plan, instance_id, now)
     except IntegrityError:
         # Only a claimer that skipped our locks could collide: let each job retry on its own.
         return Decided(held=list(items))
@@ -152,7 +157,7 @@ async def claim_many(db: Database, items: list[Due], *, instance_id: str, now: d
         if db.dialect.is_lock_unavailable(exc):
             raise RowBusy(f"{len(items)} jobs") from None
         raise
-    decided.claims = _claims(plan, by_name, ids, now)
+    decided.claims = _claims(plan, by_name, ids, tokens, now)
     return decided
 
 
@@ -237,9 +242,11 @@ def _judge_all(
 
 async def _write(
     conn: AsyncConnection, sql: _Batch, plan: _Plan, instance_id: str, now: datetime
-) -> dict[str, int]:
-    """Insert the plan's rows and advance its jobs; return each job's new execution id."""
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Insert the plan's rows and advance its jobs; return each job's new execution id, and
+    each run's fencing token (the job's counter, taken)."""
     ids: dict[str, int] = {}
+    tokens: dict[str, int] = {}
     for (slot, trigger, lease_ms), names in plan.runs.items():
         inserted = await conn.execute(
             sql.insert_runs,
@@ -256,7 +263,11 @@ async def _write(
                 "p_state": {},
             },
         )
-        ids.update((row.job_name, int(row.id)) for row in inserted)
+        for row in inserted:
+            ids[row.job_name] = int(row.id)
+            tokens[row.job_name] = int(row.fencing_token)
+    if tokens:
+        await conn.execute(sql.take_tokens, {"p_names": list(tokens)})
     if plan.not_run:
         rows = [
             execution_row(
@@ -275,11 +286,15 @@ async def _write(
             ids[item.job_name] = int(execution_id)
     for (slot, following), names in plan.advance.items():
         await conn.execute(sql.advance, {"p_names": names, "p_slot": slot, "p_next": following})
-    return ids
+    return ids, tokens
 
 
 def _claims(
-    plan: _Plan, by_name: dict[str, Due], ids: dict[str, int], now: datetime
+    plan: _Plan,
+    by_name: dict[str, Due],
+    ids: dict[str, int],
+    tokens: dict[str, int],
+    now: datetime,
 ) -> dict[str, Claim]:
     claims: dict[str, Claim] = {}
     for names in plan.runs.values():
@@ -294,6 +309,7 @@ def _claims(
                 attempt=1,
                 lease_until=now + timedelta(milliseconds=item.lease_ms),
                 lease_ms=item.lease_ms,
+                fencing_token=tokens[name],
             )
     for item, status, reason in plan.not_run:
         claims[item.job_name] = Claim(
@@ -346,3 +362,4 @@ async def rehearse(db: Database, conn: AsyncConnection) -> None:
         },
     )
     await conn.execute(sql.advance, {**nobody, "p_slot": epoch, "p_next": epoch})
+    await conn.execute(sql.take_tokens, nobody)

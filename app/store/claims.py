@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import BigInteger, bindparam, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -35,7 +35,13 @@ from app.store.tables import UTCDateTime, executions, jobs
 
 # Built once: a claim is on the hot path, and SQLAlchemy then only looks up the cached SQL.
 _LOCK_JOB = (
-    select(jobs.c.paused, jobs.c.paused_reason, jobs.c.last_slot_at, jobs.c.next_slot_at)
+    select(
+        jobs.c.paused,
+        jobs.c.paused_reason,
+        jobs.c.last_slot_at,
+        jobs.c.next_slot_at,
+        jobs.c.fencing_token,
+    )
     .where(jobs.c.name == bindparam("p_job"))
     .with_for_update(nowait=True)
 )
@@ -65,6 +71,7 @@ _ADVANCE = (
     .values(
         last_slot_at=bindparam("p_slot", type_=UTCDateTime()),
         next_slot_at=bindparam("p_next", type_=UTCDateTime()),
+        fencing_token=bindparam("p_token", type_=BigInteger()),
     )
 )
 
@@ -155,6 +162,11 @@ class Claim:
     reason: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
+    fencing_token: int | None = None
+    """The run's token (``ctx.fencing_token``): the job's counter, taken as the run started."""
+    sent: float = 0.0
+    """When the claim's transaction began, by this process's monotonic clock: the run's lease
+    is trusted from then, not from when the answer came back."""
 
 
 async def claim_slot(
@@ -202,6 +214,7 @@ async def claim_slot(
                 raise SlotsUndecided(job_name, row.next_slot_at)
             assert verdict.status is not None
             status, reason = verdict.status, verdict.reason
+            token = int(row.fencing_token) + (1 if status == Status.RUNNING else 0)
             row = execution_row(
                 job_name=job_name,
                 slot=slot,
@@ -211,9 +224,12 @@ async def claim_slot(
                 now=now,
                 lease_ms=lease_ms,
                 reason=reason,
+                fencing_token=token if status == Status.RUNNING else None,
             )
             result = await conn.execute(_INSERT, row)
-            await conn.execute(_ADVANCE, {"p_job": job_name, "p_slot": slot, "p_next": following})
+            await conn.execute(
+                _ADVANCE, {"p_job": job_name, "p_slot": slot, "p_next": following, "p_token": token}
+            )
     except IntegrityError:
         raise SlotTaken(f"{job_name} @ {slot.isoformat()}") from None
     except DBAPIError as exc:
@@ -230,6 +246,7 @@ async def claim_slot(
         lease_until=row["lease_until"],
         lease_ms=row["lease_ms"],
         reason=reason,
+        fencing_token=row["fencing_token"],
     )
 
 
@@ -239,7 +256,7 @@ async def rehearse(db: Database, conn: AsyncConnection) -> None:
     epoch = datetime(2000, 1, 1, tzinfo=UTC)
     await conn.execute(_LOCK_JOB, {"p_job": ""})
     await conn.execute(_lease_holder(db), {"p_job": "", "p_now": epoch})
-    await conn.execute(_ADVANCE, {"p_job": "", "p_slot": epoch, "p_next": epoch})
+    await conn.execute(_ADVANCE, {"p_job": "", "p_slot": epoch, "p_next": epoch, "p_token": 0})
 
 
 def execution_row(
@@ -252,6 +269,7 @@ def execution_row(
     now: datetime,
     lease_ms: int | None = None,
     reason: str | None = None,
+    fencing_token: int | None = None,
 ) -> dict[str, Any]:
     """The row a claim inserts: a run (``RUNNING``, holding a lease of ``lease_ms`` from
     ``now``), or a slot recorded as not run, finished at ``now`` with ``reason``."""
@@ -272,4 +290,5 @@ def execution_row(
         "error": reason,
         "params": {},
         "state": {},
+        "fencing_token": fencing_token,
     }

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import sqlite_file
 from app.errors import ConfigError
-from app.store.dialects import NOWAIT, READ_ONLY, Dialect
+from app.store.dialects import NOWAIT, READ_ONLY, STATEMENT_TIMEOUT, Dialect
 from app.store.engine import make_engine
 from app.store.tables import UTCDateTime
 
@@ -92,7 +92,9 @@ class Database:
 
     @asynccontextmanager
     async def _transaction(self, nowait: bool) -> AsyncIterator[AsyncConnection]:
-        async with self.engine.connect() as conn:
+        # Every transaction has a deadline: a database path that hangs (no answer, no error)
+        # is an outage like a refused connection, never a caller stuck for good.
+        async with asyncio.timeout(STATEMENT_TIMEOUT), self.engine.connect() as conn:
             if nowait:
                 conn = await conn.execution_options(**{NOWAIT: True})
             async with conn.begin():
@@ -131,13 +133,13 @@ class Database:
             async with self.transaction() if write else self.read() as conn:
                 yield conn
             return
-        async with self.engine.connect() as conn:
+        async with asyncio.timeout(STATEMENT_TIMEOUT), self.engine.connect() as conn:
             yield await conn.execution_options(isolation_level="AUTOCOMMIT")
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
         """A read-only transaction (on SQLite it takes no write lock)."""
-        async with self.engine.connect() as conn:
+        async with asyncio.timeout(STATEMENT_TIMEOUT), self.engine.connect() as conn:
             conn = await conn.execution_options(**{READ_ONLY: True})
             async with conn.begin():
                 yield conn

@@ -40,6 +40,14 @@ def refused_login(exc: BaseException) -> bool:
     return len(args) > 0 and args[0] in _REFUSED_MYSQL
 
 
+CONNECT_TIMEOUT = 10.0
+"""Seconds to open a connection, on every driver that takes it."""
+POOL_TIMEOUT = 10.0
+"""Seconds to wait for a pooled connection."""
+STATEMENT_TIMEOUT = 30.0
+"""Seconds one statement (asyncpg's command timeout) or one whole transaction (every backend:
+:class:`app.store.database.Database`) may take before it is abandoned as an outage."""
+
 NOWAIT = "slotcron_nowait"
 """Connection execution option: on SQLite, begin without waiting for the write lock."""
 READ_ONLY = "slotcron_read_only"
@@ -68,6 +76,8 @@ class Dialect:
             # No pre-ping: it costs a round trip per checkout, and every caller already retries
             # a lost connection (a disconnect invalidates the whole pool).
             "pool_recycle": 1800,
+            # Waiting for a pooled connection is bounded too: a timeout is an outage.
+            "pool_timeout": POOL_TIMEOUT,
         }
 
     def configure(self, engine: AsyncEngine) -> None:
@@ -166,7 +176,11 @@ class PostgreSQL(Dialect):
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
         options = super().engine_options(url, pool_size)
         # Named in pg_stat_activity, so a DBA sees whose connections these are.
-        options["connect_args"] = {"server_settings": {"application_name": "slotcron"}}
+        options["connect_args"] = {
+            "server_settings": {"application_name": "slotcron"},
+            "timeout": CONNECT_TIMEOUT,
+            "command_timeout": STATEMENT_TIMEOUT,
+        }
         return options
 
     def is_lock_unavailable(self, exc: BaseException) -> bool:
@@ -224,7 +238,10 @@ class MySQL(Dialect):
         options = super().engine_options(url, pool_size)
         # Read committed: the overlap check must see runs committed after this transaction began.
         options["isolation_level"] = "READ COMMITTED"
-        options["connect_args"] = {"init_command": "SET time_zone = '+00:00'"}
+        options["connect_args"] = {
+            "init_command": "SET time_zone = '+00:00'",
+            "connect_timeout": CONNECT_TIMEOUT,
+        }
         return options
 
     def is_lock_unavailable(self, exc: BaseException) -> bool:

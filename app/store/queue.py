@@ -8,11 +8,11 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, update
 from sqlalchemy.exc import DBAPIError
 
-from app.errors import RowBusy
+from app.errors import LeaseHeld, RowBusy
 from app.status import Status
 from app.store.claims import Claim, lease_holder, lock_job
 from app.store.database import Database
-from app.store.tables import executions
+from app.store.tables import executions, jobs
 
 
 @dataclass(frozen=True)
@@ -45,15 +45,20 @@ async def take(
     lease_ms: int,
     forbid_overlap: bool,
 ) -> Claim | None:
-    """Start a QUEUED execution on this instance; None if another instance took it, or (under
-    ``forbid``) a run of the job still holds its lease. Raises RowBusy like a claim."""
+    """Start a QUEUED execution on this instance; None if another instance took it. Raises
+    :class:`LeaseHeld` when (under ``forbid``) a run of the job still holds its lease, and
+    :class:`RowBusy` like a claim."""
     try:
         async with db.transaction(nowait=True) as conn:
             # The job's row lock orders this against claims, so forbid holds across both.
-            if await lock_job(conn, job_name) is None:
+            job = await lock_job(conn, job_name)
+            if job is None:
                 return None
-            if forbid_overlap and await lease_holder(db, conn, job_name, now) is not None:
-                return None
+            if forbid_overlap:
+                holder = await lease_holder(db, conn, job_name, now)
+                if holder is not None:
+                    raise LeaseHeld(job_name, holder.lease_until)
+            token = int(job.fencing_token) + 1
             lease_until = now + timedelta(milliseconds=lease_ms)
             result = await conn.execute(
                 update(executions)
@@ -65,10 +70,14 @@ async def take(
                     heartbeat_at=now,
                     lease_until=lease_until,
                     lease_ms=lease_ms,
+                    fencing_token=token,
                 )
             )
             if result.rowcount != 1:
                 return None
+            await conn.execute(
+                update(jobs).where(jobs.c.name == job_name).values(fencing_token=token)
+            )
             row = (
                 await conn.execute(select(executions).where(executions.c.id == execution_id))
             ).one()
@@ -87,4 +96,5 @@ async def take(
         lease_ms=lease_ms,
         params=dict(row.params or {}),
         state=dict(row.state or {}),
+        fencing_token=token,
     )

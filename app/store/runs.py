@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Text, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.status import Status, Trigger
 from app.store.database import Database
 from app.store.dialects import Dialect
 from app.store.lifeline import queue_retry
@@ -161,6 +162,28 @@ async def stop_all(
             .values(status="STOPPED", finished_at=now, error=reason, lease_until=now)
         )
     return int(result.rowcount)
+
+
+async def claimed_late(
+    db: Database, *, execution_id: int, instance_id: str, now: datetime, missed_reason: str | None
+) -> bool:
+    """A run whose claim committed past its slot's grace is not started as if on time: with
+    ``missed_reason`` it is recorded MISSED (its lease released), else it becomes a ``catchup``
+    run. False when the record was no longer ours."""
+    values: dict[str, Any] = {"trigger": Trigger.CATCHUP}
+    if missed_reason is not None:
+        values = {
+            "status": Status.MISSED,
+            "started_at": None,
+            "finished_at": now,
+            "error": missed_reason,
+            "lease_until": now,
+        }
+    async with db.transaction() as conn:
+        result = await conn.execute(
+            update(executions).where(_mine(execution_id, instance_id)).values(**values)
+        )
+    return result.rowcount == 1
 
 
 async def save_state(

@@ -81,6 +81,8 @@ jobs = Table(
     # {version: "schedule (timezone)"} as each version registered it: drift between live
     # versions (a blue/green overlap that changed a schedule) is visible in `slotcron jobs`.
     Column("schedules", JSON, nullable=True),
+    # The last fencing token a run of this job took (migration 0003).
+    Column("fencing_token", BigInteger, nullable=False, server_default="0", default=0),
     Index("ix_scheduler_jobs_next_slot", "next_slot_at"),
 )
 
@@ -105,6 +107,7 @@ executions = Table(
     Column("error", Text, nullable=True),
     Column("params", JSON, nullable=True),
     Column("state", JSON, nullable=True),
+    Column("fencing_token", BigInteger, nullable=True),
     UniqueConstraint("job_name", "scheduled_at", "attempt", name="uq_scheduler_executions_slot"),
     Index("ix_scheduler_executions_instance_status", "instance_id", "status"),
     Index("ix_scheduler_executions_status_lease", "status", "lease_until"),

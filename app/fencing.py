@@ -1,0 +1,51 @@
+"""Fencing by time: a run past its deadline is cancelled on its own instance.
+
+Whether the renewal failed, hung, or the whole process was paused, a run whose last confirmed
+renewal is older than its lease (less a margin) stops here first, before any other instance can
+judge its lease lapsed and run the slot again (DESIGN.md, "Gray failures"). The database's
+answers only ever *extend* a deadline (:mod:`app.heartbeat`); nothing but time shortens it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from app.inflight import CancelReason, Runs, margin
+from app.roles import Collaborators, Role
+
+log = logging.getLogger("slotcron.heartbeat")
+
+TICK = 0.05
+"""Seconds between looks at the deadlines while runs are in flight (none while idle)."""
+
+
+class Fencing(Role):
+    name = "fencing"
+
+    def __init__(self, shared: Collaborators, *, runs: Runs) -> None:
+        super().__init__(shared)
+        self.runs = runs
+
+    async def run(self) -> None:
+        while True:
+            await self.runs.wait_busy()
+            self.fence_expired()
+            await self.clock.sleep(TICK)
+
+    def fence_expired(self) -> int:
+        """Cancel every run past its deadline; return how many."""
+        now = self.clock.monotonic()
+        fenced = 0
+        for handle in self.runs:
+            if handle.deadline <= now and handle.cancel_reason is None and not handle.finishing:
+                log.warning(
+                    "execution %s of %s is fenced: its lease was last confirmed %.1f s ago "
+                    "(lease %.1f s); cancelling it before another instance can take the slot",
+                    handle.id,
+                    handle.job.name,
+                    now - handle.deadline + handle.lease_ms / 1000 - margin(handle.lease_ms),
+                    handle.lease_ms / 1000,
+                )
+                self.runs.cancel(handle, CancelReason.FENCED)
+                fenced += 1
+        return fenced
