@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from app.store.database import Database
+from app.store.tables import executions
 from tests.cluster.conftest import Spawn
 from tests.cluster.harness import (
     Instance,
@@ -209,6 +211,25 @@ async def test_a_database_path_hanging_runs_no_slot_twice_and_shuts_down_cleanly
 # (b) ------------------------------------------------------------------------------------------
 
 
+async def renewed(db: Database, execution_id: int, timeout: float = 5.0) -> None:
+    """Return as soon as the execution's ``lease_until`` moves (a renewal just committed)."""
+
+    async def lease_until() -> Any:
+        async with db.read() as conn:
+            result = await conn.execute(
+                select(executions.c.lease_until).where(executions.c.id == execution_id)
+            )
+            return result.scalar_one()
+
+    first = await lease_until()
+    deadline = time.monotonic() + timeout
+    while await lease_until() == first:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"execution {execution_id}'s lease not renewed in {timeout} s")
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 async def test_b_process_paused_past_its_lease_is_fenced_and_overlaps_nothing(
     db: Database, spawn: Spawn, records_path: Path
 ) -> None:
@@ -219,6 +240,9 @@ async def test_b_process_paused_past_its_lease_is_fenced_and_overlaps_nothing(
         return in_flight(runs(read_records(records_path)), "p", "paused", 1.0)
 
     held: Run = await until(run_in_flight_on_p, 40, "a run of 'paused' in flight on p")
+    # The worst moment: just after a renewal, so that the lease lapses 0.3 s before the process
+    # resumes (paused just before one, it lapses earlier and is judged ABANDONED by then).
+    await renewed(db, held.id)
     p.signal(signal.SIGSTOP)
     paused_at = time.time()
     try:
@@ -272,6 +296,7 @@ async def test_b_process_paused_past_its_lease_is_fenced_and_overlaps_nothing(
 # (c) ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 async def test_c_job_blocking_the_loop_keeps_its_lease_and_completes(
     db: Database, spawn: Spawn, records_path: Path
 ) -> None:
