@@ -336,6 +336,7 @@ SHIM = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -351,6 +352,20 @@ int clock_nanosleep(clockid_t clock, int flags, const struct timespec *req, stru
     if (!next) next = (int (*)(clockid_t, int, const struct timespec *, struct timespec *))
         dlsym(RTLD_NEXT, "clock_nanosleep");
     return next(clock, flags, req, rem);
+}
+
+/* Its pthread_cond_timedwait mangles the GIL's timed waits on CLOCK_MONOTONIC (they return at
+   once, and a process with threads, aiosqlite's, thrashes): glibc's own, unfaked. */
+int pthread_cond_timedwait(pthread_cond_t *cond, pthread_mutex_t *mutex,
+                           const struct timespec *abstime) {
+    static int (*real)(pthread_cond_t *, pthread_mutex_t *, const struct timespec *);
+    void *libc;
+    if (!real) {
+        libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+        real = (int (*)(pthread_cond_t *, pthread_mutex_t *, const struct timespec *))
+            dlvsym(libc, "pthread_cond_timedwait", "GLIBC_2.3.2");
+    }
+    return real(cond, mutex, abstime);
 }
 """
 
