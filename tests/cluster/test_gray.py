@@ -453,17 +453,23 @@ async def test_d_leader_stepping_ahead_abandons_no_healthy_run(
     other = spawn("other", JOBS, **env("step"))
     real = mono_to_real()
 
-    def others_steady_runs(after: float) -> int:
-        found = runs(read_records(records_path), real)
-        return sum(
-            r.finished and r.instance == "other" and r.job.startswith("steady-") and r.start > after
-            for r in found
-        )
+    def steady_in_flight_on_other() -> Run | None:
+        return in_flight(runs(read_records(records_path), real), "other", "steady-", 0.3)
 
-    await until(lambda: others_steady_runs(0) >= 1, 30, "other to finish a steady run")
+    # Step while other holds a healthy run: the leader judges its lease by its own clock today.
+    held: Run = await until(steady_in_flight_on_other, 30, "a steady run in flight on other")
     offset.write_text("+5\n")
     stepped_at = time.time()
-    await until(lambda: others_steady_runs(stepped_at) >= 4, 40, "other's runs after the step")
+
+    def played_out() -> bool:
+        found = runs(read_records(records_path), real)
+        mine = next((r for r in found if r.id == held.id), None)
+        later = {r.slot for r in found if r.start > stepped_at}
+        # watched for two leases: time for the leader to judge other's leases
+        watched = time.time() > stepped_at + 2 * LEASE
+        return watched and mine is not None and mine.stop is not None and len(later) >= 6
+
+    await until(played_out, 30, "other's run to end, six slots and two leases after the step")
     await stop(lead, other)
 
     found = runs(read_records(records_path), real)
@@ -471,11 +477,12 @@ async def test_d_leader_stepping_ahead_abandons_no_healthy_run(
     rows = await statuses(db)
     for run in found:
         row = rows.get(run.id)
-        healthy = run.instance == "other" and run.finished
-        if healthy and row is not None and row.status == "ABANDONED":
+        # other is healthy throughout: none of its runs may be judged dead
+        if run.instance == "other" and row is not None and row.status == "ABANDONED":
+            ended = "ran to its end" if run.finished else "was cut short"
             problems.append(
-                f"{run.job} slot {run.slot} ran to its end on other "
-                f"({run.start - stepped_at:+.1f} s from the step) and is recorded ABANDONED"
+                f"{run.job} slot {run.slot} on other ({run.start - stepped_at:+.1f} s from the "
+                f"step), healthy, is recorded ABANDONED (its body {ended})"
             )
     verdict(problems)
 
