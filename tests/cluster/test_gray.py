@@ -568,7 +568,7 @@ async def test_f_queued_retry_starts_soon_after_the_lease_it_waits_for_ends(
         rows = [r for r in (await statuses(db)).values() if r.attempt == 2]
         problems.append(
             f"the retry (status {[r.status for r in rows]}) had not started 12 s after the run "
-            f"holding the lease ended at {held.stop:.1f}"
+            f"holding the lease ended ({time.strftime('%H:%M:%S', time.gmtime(held.stop))} UTC)"
         )
     else:
         waited = started.start - held.stop
