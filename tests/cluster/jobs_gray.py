@@ -73,12 +73,13 @@ def _first_time(name: str) -> bool:
 
 
 if SCENARIO == "hang":
-    # Long forbid runs (past the 3 s lease, so they live on renewals) and an allow job with
+    # Long forbid runs (10 s: past the 3 s lease, so they live on renewals, and past a hang's
+    # first seconds) and an allow job with
     # retries whose runs are long too.
     def _long(i: int) -> None:
         @cron("* * * * * *", name=f"long-{i}", overlap="forbid")
         async def job(ctx: JobContext) -> None:
-            await _body(ctx, 4.0)
+            await _body(ctx, 10.0)
 
     for _i in range(3):
         _long(_i)
