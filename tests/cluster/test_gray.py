@@ -199,6 +199,8 @@ async def test_a_database_path_hanging_runs_no_slot_twice_and_shuts_down_cleanly
                 f"{run.job} slot {run.slot} on {run.instance} (execution {run.id}) ran to its end "
                 f"{run.start - thawed_at:+.1f} s from the thaw and is recorded ABANDONED"
             )
+    if "Task exception was never retrieved" in hung.full_log():
+        problems.append("hung: a task ended on an exception nobody handled (see its log)")
     for name, (rc, took) in exits.items():
         if rc != 0:
             problems.append(
