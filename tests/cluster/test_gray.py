@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -161,16 +162,18 @@ async def test_a_database_path_hanging_runs_no_slot_twice_and_shuts_down_cleanly
     proxy.thaw()
     thawed_at = time.time()
 
-    def hung_finished_a_long_run_after_the_thaw() -> bool:
+    def hung_finished_a_run_after_the_thaw() -> bool:
+        # any job: hung reaches the database through the proxy, so well may win every race
+        # for a long job's slots, but never all of them for 30 s unless hung stopped claiming
         return any(
-            r.instance == "hung" and r.job.startswith("long-") and r.start > thawed_at + 1
+            r.instance == "hung" and r.start > thawed_at + 1
             for r in runs(read_records(records_path))
             if r.finished
         )
 
     problems = []
     try:
-        await until(hung_finished_a_long_run_after_the_thaw, 30, "hung to run again after the thaw")
+        await until(hung_finished_a_run_after_the_thaw, 30, "hung to run again after the thaw")
     except AssertionError as exc:
         problems.append(f"after the thaw: {exc}")
     stopped_at = time.time()
@@ -188,8 +191,9 @@ async def test_a_database_path_hanging_runs_no_slot_twice_and_shuts_down_cleanly
     problems += twice(found)
     rows = await statuses(db)
     for run in found:
+        # judged: runs that ended before the SIGTERM (a drain's last moments are not the point)
         healthy = run.finished and (
-            run.instance == "well"
+            (run.instance == "well" and run.stop is not None and run.stop < stopped_at)
             or (run.stop is not None and run.stop < frozen_at - 1)
             or (run.start > thawed_at + 1 and run.stop is not None and run.stop < stopped_at)
         )
@@ -206,7 +210,8 @@ async def test_a_database_path_hanging_runs_no_slot_twice_and_shuts_down_cleanly
             problems.append(
                 f"{name} exited {rc} after SIGTERM ({took:.1f} s; limit {SHUTDOWN:g} s)"
             )
-    print(f"\nhang {hang} s: {len(found)} runs, exits {exits}")
+    split = Counter(r.instance for r in found if r.start > thawed_at + 1)
+    print(f"\nhang {hang} s: {len(found)} runs, after the thaw {dict(split)}, exits {exits}")
     verdict(problems)
 
 
@@ -317,12 +322,13 @@ async def test_c_job_blocking_the_loop_keeps_its_lease_and_completes(
     rows = await statuses(db)
     for run in found:
         row = rows.get(run.id)
-        if run.finished and row is not None and row.status != "COMPLETED":
+        ended = run.finished and run.stop is not None and run.stop < stopped_at
+        if ended and row is not None and row.status != "COMPLETED":
             problems.append(
                 f"blocker slot {run.slot} on {run.instance} ran to its end and is recorded "
                 f"{row.status}"
             )
-    stall = re.compile(r"WARNING.*(blocker.*\d+(\.\d+)? ?(s|ms|seconds)\b|\d ?(s|ms)\b.*blocker)")
+    stall = re.compile(r"WARNING.*(blocker.*\d ?(s|ms|seconds)\b|\d ?(s|ms|seconds)\b.*blocker)")
     for instance in instances:
         ran = any(r.instance == instance.name and r.finished for r in found)
         if ran and not stall.search(instance.full_log()):
