@@ -149,3 +149,132 @@ async def leader_row(db: Database) -> Any:
     """The leadership lease: ``instance_id``, ``lease_until``, ``since``."""
     async with db.read() as conn:
         return (await conn.execute(select(leader).where(leader.c.name == LEADER_ROW))).one()
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run as its job recorded it (start, and its end or stop), in real time."""
+
+    id: int
+    job: str
+    slot: str
+    attempt: int
+    trigger: str
+    instance: str
+    pid: int
+    token: Any
+    start: float
+    stop: float | None
+    """When the body ended or stopped; None if it had not by the end of the records."""
+    finished: bool
+    """The body ran to its end."""
+    lease_lost: bool | None
+    """At a stop: whether ``ctx.lease_lost`` was set (None: no stop, or no ``lease_lost``)."""
+
+
+def runs(
+    records: list[dict[str, Any]], real: Callable[[dict[str, Any]], float] | None = None
+) -> list[Run]:
+    """The runs in ``records`` (by start time). ``real`` gives a record's real time (default: its
+    ``wall``; a process with a faked wall clock records ``mono``, see :func:`mono_to_real`)."""
+    when = real or (lambda r: float(r["wall"]))
+    ends = {(r["pid"], r["id"]): r for r in records if r["event"] in ("end", "stop") and "id" in r}
+    found = []
+    for r in records:
+        if r["event"] != "start":
+            continue
+        end = ends.get((r["pid"], r["id"]))
+        found.append(
+            Run(
+                id=r["id"],
+                job=r["job"],
+                slot=r["slot"],
+                attempt=r.get("attempt", 1),
+                trigger=r.get("trigger", ""),
+                instance=r["instance"],
+                pid=r["pid"],
+                token=r.get("token"),
+                start=when(r),
+                stop=when(end) if end else None,
+                finished=end is not None and end["event"] == "end",
+                lease_lost=end.get("lease_lost") if end else None,
+            )
+        )
+    return sorted(found, key=lambda run: run.start)
+
+
+def mono_to_real() -> Callable[[dict[str, Any]], float]:
+    """A record's real time from its ``mono`` (CLOCK_MONOTONIC is one clock for the whole
+    machine), by this process's own, unfaked, offset between the two clocks."""
+    offset = time.time() - time.monotonic()
+    return lambda r: float(r["mono"]) + offset
+
+
+Window = tuple[float, float]
+
+
+def _minus(interval: Window, holes: list[Window]) -> list[Window]:
+    pieces = [interval]
+    for h0, h1 in holes:
+        cut = []
+        for a, b in pieces:
+            if h1 <= a or h0 >= b:
+                cut.append((a, b))
+                continue
+            if a < h0:
+                cut.append((a, h0))
+            if h1 < b:
+                cut.append((h1, b))
+        pieces = cut
+    return pieces
+
+
+def together(intervals: list[Window]) -> float:
+    """Seconds during which at least two of ``intervals`` hold at once."""
+    edges = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
+    total, depth, since = 0.0, 0, 0.0
+    for at, step in edges:
+        if depth >= 2:
+            total += at - since
+        depth += step
+        since = at
+    return total
+
+
+def overlaps(
+    found: list[Run],
+    key: Callable[[Run], Any] = lambda run: run.job,
+    *,
+    until: float,
+    paused: dict[str, list[Window]] | None = None,
+) -> dict[Any, float]:
+    """Per ``key`` (default: the job), the seconds during which two of its runs executed
+    together. A run executes from its start to its end or stop (``until`` if neither was
+    recorded), except while its process was stopped (``paused``: SIGSTOP to SIGCONT, per
+    instance): a stopped process does nothing."""
+    per: dict[Any, list[Window]] = {}
+    for run in found:
+        holes = (paused or {}).get(run.instance, [])
+        end = run.stop if run.stop is not None else until
+        per.setdefault(key(run), []).extend(_minus((run.start, max(run.start, end)), holes))
+    return {k: together(v) for k, v in per.items()}
+
+
+def slots_run_twice(found: list[Run]) -> dict[tuple[str, str], int]:
+    """Slots whose body ran to its end more than once, with how many times."""
+    counts: dict[tuple[str, str], int] = {}
+    for run in found:
+        if run.finished:
+            counts[(run.job, run.slot)] = counts.get((run.job, run.slot), 0) + 1
+    return {k: n for k, n in counts.items() if n > 1}
+
+
+def early_starts(found: list[Run], tolerance: float) -> list[tuple[Run, float]]:
+    """Runs that really started more than ``tolerance`` seconds before their slot, and by how
+    much."""
+    early = []
+    for run in found:
+        ahead = slot_time(run.slot) - run.start
+        if ahead > tolerance:
+            early.append((run, ahead))
+    return early
