@@ -50,6 +50,9 @@ class Metrics:
         """A run ended (``COMPLETED``, ``FAILED``, ``STOPPED``, or ``FENCED`` when its record was
         no longer ours). ``began`` is what :meth:`run_started` returned (0.0: it never did)."""
 
+    def loop_blocked(self, job: str, seconds: float) -> None:
+        """A job held the event loop for ``seconds`` (called from the watchdog's thread)."""
+
 
 class PrometheusMetrics(Metrics):
     """The event counters of one instance, in a registry of its own (several services may
@@ -79,6 +82,19 @@ class PrometheusMetrics(Metrics):
             buckets=DURATION_BUCKETS,
             registry=self.registry,
         )
+        self._blocked = Counter(
+            "slotcron_loop_blocked_seconds",
+            "Seconds a job held the event loop without yielding (it should await, or run its "
+            "blocking work in a thread), by job",
+            ["job"],
+            registry=self.registry,
+        )
+        self._stalls = Counter(
+            "slotcron_loop_stalls",
+            "Times a job held the event loop for longer than the watchdog tolerates, by job",
+            ["job"],
+            registry=self.registry,
+        )
         # Children cached per label set: one dict lookup per event instead of labels().
         self._slot_children: dict[tuple[str, str], Counter] = {}
         self._duration_children: dict[str, Histogram] = {}
@@ -96,6 +112,10 @@ class PrometheusMetrics(Metrics):
         if trigger in ON_TIME_TRIGGERS:
             self._lag.observe(max((self.clock.now() - slot).total_seconds(), 0.0))
         return time.monotonic()
+
+    def loop_blocked(self, job: str, seconds: float) -> None:
+        self._blocked.labels(job).inc(seconds)
+        self._stalls.labels(job).inc()
 
     def run_finished(self, job: str, outcome: str, began: float) -> None:
         self._count(job, outcome)

@@ -45,6 +45,7 @@ from app.store import runs as run_store
 from app.store.database import Database
 from app.store.registrations import JobRow
 from app.version import __version__
+from app.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from app.http import HttpServer
@@ -135,6 +136,20 @@ class Service:
             instance_state=lambda: self.state,
         )
         self.fencing = Fencing(shared, runs=self.runs)
+        # Leases kept while a job blocks the loop (production clock only: a test's manual clock
+        # does not move while the loop is blocked, and nothing lapses).
+        self.watchdog: Watchdog | None = None
+        if isinstance(self.clock, DatabaseClock):
+            self.watchdog = Watchdog(
+                db=self.db,
+                clock=self.clock,
+                instance_id=self.instance_id,
+                runs=self.runs,
+                jobs=self.jobs,
+                period=period,
+                metrics=self.metrics,
+                instance_state=lambda: self.state,
+            )
         self.http: HttpServer | None = None
         if prometheus is not None:
             from app.http import HttpServer  # aiohttp is imported only when HTTP is configured
@@ -157,7 +172,12 @@ class Service:
         """What shutdown stops in phase 4, once no run is left, in order: what in-flight runs
         needed to the end (lease renewals, outcome writes). The HTTP server stops after them,
         last of all: /readyz says 503 through the whole shutdown."""
-        return [self.heartbeat, self.fencing, self.outcomes]
+        return [
+            *([self.watchdog] if self.watchdog else []),
+            self.heartbeat,
+            self.fencing,
+            self.outcomes,
+        ]
 
     async def _prepare_database(self) -> None:
         if self.settings.migrate_on_start:
@@ -271,6 +291,8 @@ class Service:
         self.planner.start(self.expected)
         for role in self.roles:
             role.start()
+        if self.watchdog is not None:
+            self.watchdog.start()
         log.info(
             "instance %s running %d jobs on %s",
             self.instance_id,

@@ -1,0 +1,175 @@
+"""The watchdog: leases kept while a job blocks the event loop, and the stall named.
+
+A job that calls blocking code (``time.sleep``, a synchronous driver, a long computation)
+holds the event loop: nothing else on it runs, the heartbeat included. Without help its leases
+would lapse, another instance would judge the instance dead and run its slots again, and a run
+that completed would be recorded ``ABANDONED``. A blocked loop is a slow job, not a dead
+instance (DESIGN.md, "Gray failures").
+
+So a thread of its own watches the loop: a task on the loop marks each tick; when the loop has
+not ticked for :data:`STALL` seconds, the thread renews the instance's leases itself, through
+a connection of its own, every heartbeat period until the loop is back (and extends the runs'
+deadlines as the heartbeat does). When the loop comes back, it logs one WARNING naming the job
+found on the loop's stack and how long it blocked, and counts it in ``/metrics``. While the loop
+runs freely the watchdog asks the database nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+
+from app.clock import Clock
+from app.inflight import Runs, trusted_until
+from app.metrics import Metrics
+from app.outage import DB_ERRORS, describe
+from app.registry import Job
+from app.store import runs as run_store
+from app.store.database import Database
+
+log = logging.getLogger("slotcron.watchdog")
+
+TICK = 0.1
+"""Seconds between the loop's marks (and the thread's looks)."""
+STALL = 1.0
+"""Seconds without a mark after which the loop counts as blocked."""
+
+
+class Watchdog:
+    name = "watchdog"
+
+    def __init__(
+        self,
+        *,
+        db: Database,
+        clock: Clock,
+        instance_id: str,
+        runs: Runs,
+        jobs: list[Job],
+        period: float,
+        metrics: Metrics,
+        instance_state: Callable[[], str],
+    ) -> None:
+        self._url = db.engine.url
+        self._server_clock = db.server_clock
+        self.clock = clock
+        self.instance_id = instance_id
+        self.runs = runs
+        self.period = period
+        self.metrics = metrics
+        self.instance_state = instance_state
+        self._codes = {job.func.__code__: job.name for job in jobs if hasattr(job.func, "__code__")}
+        self._mark = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._loop_thread = threading.get_ident()
+        self.stalls = 0
+        self.renewals = 0
+
+    def start(self) -> None:
+        self._loop_thread = threading.get_ident()
+        self._mark = time.monotonic()
+        self._ticker = asyncio.create_task(self._tick(), name="slotcron-watchdog-tick")
+        self._thread = threading.Thread(target=self._watch, name="slotcron-watchdog", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10)
+
+    async def _tick(self) -> None:
+        while True:
+            self._mark = time.monotonic()
+            await asyncio.sleep(TICK)
+
+    # The thread ------------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        asyncio.run(self._watching())
+
+    async def _watching(self) -> None:
+        db: Database | None = None
+        stalled_since: float | None = None
+        culprit = "?"
+        renewed_at = 0.0
+        try:
+            while not self._stop.is_set():
+                await asyncio.sleep(TICK)
+                now = time.monotonic()
+                if now - self._mark < STALL:
+                    if stalled_since is not None:
+                        self._report(culprit, self._mark - stalled_since)
+                        stalled_since = None
+                    continue
+                if stalled_since is None:
+                    stalled_since = self._mark
+                    culprit = self._blocking_job()
+                if now - renewed_at >= self.period and len(self.runs):
+                    renewed_at = now
+                    if db is None:
+                        db = Database.connect(self._url, 1)
+                        db.server_clock = self._server_clock
+                    await self._renew(db)
+        finally:
+            if db is not None:
+                await db.close()
+
+    def _blocking_job(self) -> str:
+        """The job whose code is on the blocked loop's stack, or ``?``."""
+        frame: FrameType | None = sys._current_frames().get(self._loop_thread)
+        while frame is not None:
+            name = self._codes.get(frame.f_code)
+            if name is not None:
+                return name
+            frame = frame.f_back
+        return "?"
+
+    async def _renew(self, db: Database) -> None:
+        sent = self.clock.monotonic()
+        try:
+            handles = list(self.runs)
+        except RuntimeError:  # the registry changed under us: next look
+            return
+        counts: dict[int, int] = {}
+        for handle in handles:
+            counts[handle.lease_ms] = counts.get(handle.lease_ms, 0) + 1
+        try:
+            async with asyncio.timeout(max(self.period, 1.0)):
+                still_ours = await run_store.renew(
+                    db,
+                    instance_id=self.instance_id,
+                    now=self.clock.now(),
+                    lease_counts=counts,
+                    instance_state=self.instance_state(),
+                )
+        except DB_ERRORS as exc:
+            log.warning("could not renew leases while the loop is blocked: %s", describe(exc))
+            return
+        self.renewals += 1
+        for handle in handles:
+            if still_ours is None or handle.id in still_ours:
+                handle.deadline = max(handle.deadline, trusted_until(sent, handle.lease_ms))
+        # A run no longer ours is fenced by the heartbeat once the loop is back.
+
+    def _report(self, job: str, seconds: float) -> None:
+        self.stalls += 1
+        self.metrics.loop_blocked(job, seconds)
+        log.warning(
+            "job %s blocked the event loop for %.1f s (leases were renewed from the watchdog "
+            "thread meanwhile); await instead of blocking, or run blocking work in a thread "
+            "(asyncio.to_thread)",
+            job,
+            seconds,
+        )
