@@ -1,0 +1,129 @@
+"""Fencing by time: a run's right to go on is a deadline on the local monotonic clock, moved
+only by confirmed renewals, and measured from when each renewal was *sent* (DESIGN.md, "Gray
+failures"). Driven here by the manual clock."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import make_url
+
+import app.store.runs
+from app.clock import ManualClock
+from app.fencing import Fencing
+from app.heartbeat import Heartbeat
+from app.inflight import CancelReason, RunHandle, Runs, margin, trusted_until
+from app.registry import Registry, every
+from app.roles import Collaborators
+from app.store.claims import Claim
+from app.store.database import Database
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(T0)
+
+
+@pytest.fixture
+def shared(tmp_path: Path, clock: ManualClock) -> Collaborators:
+    url = make_url(f"sqlite+aiosqlite:///{tmp_path / 'unused.db'}")
+    return Collaborators(db=Database.connect(url, 1), clock=clock, instance_id="me")
+
+
+def handle(clock: ManualClock, lease_ms: int, sent: float) -> RunHandle:
+    registry = Registry()
+
+    @every(seconds=10, name="job", registry=registry)
+    async def job() -> None: ...
+
+    claim = Claim(1, "job", T0, "interval", "RUNNING", 1, T0, lease_ms, sent=sent)
+    job_ = registry.get("job")
+    assert job_ is not None
+    return RunHandle(
+        claim=claim,
+        job=job_,
+        task=None,
+        deadline=trusted_until(sent, lease_ms),
+        lease_ms=lease_ms,
+    )
+
+
+def test_the_margin_is_a_tenth_of_the_lease_between_50_ms_and_1_s() -> None:
+    assert margin(3_000) == pytest.approx(0.3)
+    assert margin(60_000) == 1.0
+    assert margin(200) == 0.05
+    assert trusted_until(100.0, 3_000) == pytest.approx(102.7)
+
+
+async def test_a_run_past_its_deadline_is_fenced_and_its_lease_lost_is_set(
+    clock: ManualClock, shared: Collaborators
+) -> None:
+    runs = Runs()
+    run = handle(clock, 3_000, sent=clock.monotonic())
+    runs.add(run)
+    fencing = Fencing(shared, runs=runs)
+    await clock.advance(2.6)
+    assert fencing.fence_expired() == 0 and run.cancel_reason is None
+    await clock.advance(0.2)  # 2.8 s after the claim was sent: past 3 s less 0.3 s
+    assert fencing.fence_expired() == 1
+    assert run.cancel_reason is CancelReason.FENCED and run.lease_lost.is_set()
+
+
+async def test_a_slow_successful_renewal_extends_trust_only_from_when_it_was_sent(
+    clock: ManualClock, shared: Collaborators, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = Runs()
+    run = handle(clock, 3_000, sent=clock.monotonic())
+    runs.add(run)
+
+    async def slow_renewal(*_args: Any, **_kwargs: Any) -> None:
+        await clock.advance(2.0)  # the answer comes back 2 s after the renewal was sent
+        return None  # every lease renewed
+
+    monkeypatch.setattr(app.store.runs, "renew", slow_renewal)
+    heartbeat = Heartbeat(shared, runs=runs, period=0.5, instance_state=lambda: "running")
+    await clock.advance(1.0)
+    sent = clock.monotonic()
+    await heartbeat.beat()
+    assert run.deadline == pytest.approx(sent + 3.0 - 0.3)  # not (answer + 3.0 - 0.3)
+
+
+async def test_a_renewal_that_fails_leaves_the_deadline_where_it_was(
+    clock: ManualClock, shared: Collaborators, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = Runs()
+    run = handle(clock, 3_000, sent=clock.monotonic())
+    runs.add(run)
+    before = run.deadline
+
+    async def refused(*_args: Any, **_kwargs: Any) -> None:
+        raise ConnectionRefusedError("the database is gone")
+
+    monkeypatch.setattr(app.store.runs, "renew", refused)
+    heartbeat = Heartbeat(shared, runs=runs, period=0.5, instance_state=lambda: "running")
+    await clock.advance(1.0)
+    await heartbeat.beat()
+    assert run.deadline == before
+    await clock.advance(2.0)
+    assert Fencing(shared, runs=runs).fence_expired() == 1
+
+
+async def test_a_run_the_database_no_longer_counts_as_ours_is_fenced_at_once(
+    clock: ManualClock, shared: Collaborators, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = Runs()
+    run = handle(clock, 60_000, sent=clock.monotonic())
+    runs.add(run)
+
+    async def lapsed(*_args: Any, **_kwargs: Any) -> set[int]:
+        return set()  # its lease lapsed: the renewal did not revive it
+
+    monkeypatch.setattr(app.store.runs, "renew", lapsed)
+    heartbeat = Heartbeat(shared, runs=runs, period=0.5, instance_state=lambda: "running")
+    await heartbeat.beat()
+    assert run.cancel_reason is CancelReason.FENCED and run.lease_lost.is_set()
