@@ -16,7 +16,9 @@ from app.roles import Collaborators, Role
 log = logging.getLogger("slotcron.heartbeat")
 
 TICK = 0.05
-"""Seconds between looks at the deadlines while runs are in flight (none while idle)."""
+"""The shortest wait between two looks at the deadlines (none while idle)."""
+REST = 0.25
+"""The longest: a run claimed meanwhile is looked at within this."""
 
 
 class Fencing(Role):
@@ -25,18 +27,25 @@ class Fencing(Role):
     def __init__(self, shared: Collaborators, *, runs: Runs) -> None:
         super().__init__(shared)
         self.runs = runs
+        self._earliest = float("inf")
 
     async def run(self) -> None:
         while True:
             await self.runs.wait_busy()
             self.fence_expired()
-            await self.clock.sleep(TICK)
+            # Deadlines only move later: look again at the earliest one, but within REST at
+            # most (a run claimed meanwhile may have an earlier one).
+            wait = self._earliest - self.clock.monotonic()
+            await self.clock.sleep(min(max(wait, TICK), REST))
 
     def fence_expired(self) -> int:
         """Cancel every run past its deadline; return how many."""
         now = self.clock.monotonic()
         fenced = 0
+        self._earliest = float("inf")
         for handle in self.runs:
+            if handle.cancel_reason is None and not handle.finishing:
+                self._earliest = min(self._earliest, handle.deadline)
             if handle.deadline <= now and handle.cancel_reason is None and not handle.finishing:
                 log.warning(
                     "execution %s of %s is fenced: its lease was last confirmed %.1f s ago "

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, Integer, String, bindparam, insert, literal, select, update
+from sqlalchemy import JSON, Integer, String, bindparam, case, insert, literal, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -35,7 +35,6 @@ class _Batch:
     insert_runs: Any
     insert_rows: Any
     advance: Any
-    take_tokens: Any
 
 
 @functools.cache
@@ -91,8 +90,12 @@ def _batch(dialect: Dialect, server_clock: bool = False) -> _Batch:
         .values(
             last_slot_at=bindparam("p_slot", type_=UTCDateTime()),
             next_slot_at=bindparam("p_next", type_=UTCDateTime()),
+            # A run takes the job's next fencing token (inserted above as token + 1).
+            fencing_token=case(
+                (dialect.among(jobs.c.name, "p_runs", String()), jobs.c.fencing_token + 1),
+                else_=jobs.c.fencing_token,
+            ),
         ),
-        take_tokens=update(jobs).where(names).values(fencing_token=jobs.c.fencing_token + 1),
     )
 
 
@@ -266,8 +269,6 @@ async def _write(
         for row in inserted:
             ids[row.job_name] = int(row.id)
             tokens[row.job_name] = int(row.fencing_token)
-    if tokens:
-        await conn.execute(sql.take_tokens, {"p_names": list(tokens)})
     if plan.not_run:
         rows = [
             execution_row(
@@ -285,7 +286,10 @@ async def _write(
         for (item, _, _), execution_id in zip(plan.not_run, inserted_ids.scalars(), strict=True):
             ids[item.job_name] = int(execution_id)
     for (slot, following), names in plan.advance.items():
-        await conn.execute(sql.advance, {"p_names": names, "p_slot": slot, "p_next": following})
+        runs = [name for name in names if name in tokens]
+        await conn.execute(
+            sql.advance, {"p_names": names, "p_runs": runs, "p_slot": slot, "p_next": following}
+        )
     return ids, tokens
 
 
@@ -361,5 +365,4 @@ async def rehearse(db: Database, conn: AsyncConnection) -> None:
             "p_state": {},
         },
     )
-    await conn.execute(sql.advance, {**nobody, "p_slot": epoch, "p_next": epoch})
-    await conn.execute(sql.take_tokens, nobody)
+    await conn.execute(sql.advance, {**nobody, "p_runs": [], "p_slot": epoch, "p_next": epoch})

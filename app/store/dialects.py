@@ -194,6 +194,11 @@ class PostgreSQL(Dialect):
     ) -> ColumnElement[bool]:
         return column == any_(bindparam(name, type_=postgresql.ARRAY(element)))
 
+    def server_now(self) -> ColumnElement[Any] | None:
+        # statement_timestamp() is STABLE (clock_timestamp() is VOLATILE): compared with it, a
+        # lease can still bound an index scan, and it is this statement's own start time.
+        return literal_column("statement_timestamp()")
+
     async def notify(self, conn: AsyncConnection, channel: str, payload: str) -> None:
         await conn.execute(
             text("SELECT pg_notify(:channel, :payload)"), {"channel": channel, "payload": payload}
