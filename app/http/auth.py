@@ -61,10 +61,6 @@ class TokenCheck:
         self._token = value.encode() if value else None
         self._failures: OrderedDict[str, _Failures] = OrderedDict()
 
-    @property
-    def configured(self) -> bool:
-        return self._token is not None
-
     def read(self, request: web.Request) -> None:
         """Raise unless the request may read the JSON API."""
         if self._token is not None:
