@@ -69,6 +69,13 @@ class Runner:
         # for the write before it closes the database.
         try:
             status, error = await self._execute(job, claim, handle, start_at)
+            task = asyncio.current_task()
+            if handle.cancel_reason is not None and task is not None and task.cancelling():
+                task.uncancel()  # the job returned although cancelled: the request is spent
+            if handle.cancel_reason is CancelReason.FENCED:
+                # Fenced, whatever the job then did (it may return once ctx.lease_lost is set,
+                # or swallow the cancellation): the cluster may have judged the run already.
+                status, error = None, None
             handle.finishing = True
             self.metrics.run_finished(job.name, status or "FENCED", handle.began)
             if status is None:
