@@ -35,7 +35,7 @@ def shared(tmp_path: Path, clock: ManualClock) -> Collaborators:
     return Collaborators(db=Database.connect(url, 1), clock=clock, instance_id="me")
 
 
-def handle(clock: ManualClock, lease_ms: int, sent: float) -> RunHandle:
+def handle(lease_ms: int, sent: float) -> RunHandle:
     registry = Registry()
 
     @every(seconds=10, name="job", registry=registry)
@@ -64,7 +64,7 @@ async def test_a_run_past_its_deadline_is_fenced_and_its_lease_lost_is_set(
     clock: ManualClock, shared: Collaborators
 ) -> None:
     runs = Runs()
-    run = handle(clock, 3_000, sent=clock.monotonic())
+    run = handle(3_000, sent=clock.monotonic())
     runs.add(run)
     fencing = Fencing(shared, runs=runs)
     await clock.advance(2.6)
@@ -78,7 +78,7 @@ async def test_a_slow_successful_renewal_extends_trust_only_from_when_it_was_sen
     clock: ManualClock, shared: Collaborators, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = Runs()
-    run = handle(clock, 3_000, sent=clock.monotonic())
+    run = handle(3_000, sent=clock.monotonic())
     runs.add(run)
 
     async def slow_renewal(*_args: Any, **_kwargs: Any) -> None:
@@ -97,7 +97,7 @@ async def test_a_renewal_that_fails_leaves_the_deadline_where_it_was(
     clock: ManualClock, shared: Collaborators, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = Runs()
-    run = handle(clock, 3_000, sent=clock.monotonic())
+    run = handle(3_000, sent=clock.monotonic())
     runs.add(run)
     before = run.deadline
 
@@ -117,7 +117,7 @@ async def test_a_run_the_database_no_longer_counts_as_ours_is_fenced_at_once(
     clock: ManualClock, shared: Collaborators, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = Runs()
-    run = handle(clock, 60_000, sent=clock.monotonic())
+    run = handle(60_000, sent=clock.monotonic())
     runs.add(run)
 
     async def lapsed(*_args: Any, **_kwargs: Any) -> set[int]:

@@ -224,7 +224,7 @@ async def test_a_database_path_hanging_runs_no_slot_twice_and_shuts_down_cleanly
         and r.stop is not None
         and frozen_at <= r.stop <= thawed_at
     }
-    problems += [line for line in twice([r for r in found if (r.job, r.slot) not in unrecordable])]
+    problems += twice([r for r in found if (r.job, r.slot) not in unrecordable])
     retried = [r for r in found if (r.job, r.slot) in unrecordable and r.attempt > 1]
     for run in retried:
         if run.trigger != "retry":
