@@ -108,6 +108,8 @@ executions = Table(
     Column("params", JSON, nullable=True),
     Column("state", JSON, nullable=True),
     Column("fencing_token", BigInteger, nullable=True),
+    # The last slot of a MISSED record standing for a range of slots (migration 0004).
+    Column("until", UTCDateTime(), nullable=True),
     UniqueConstraint("job_name", "scheduled_at", "attempt", name="uq_scheduler_executions_slot"),
     Index("ix_scheduler_executions_instance_status", "instance_id", "status"),
     Index("ix_scheduler_executions_status_lease", "status", "lease_until"),
