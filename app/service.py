@@ -62,7 +62,9 @@ class Service:
         self.settings = settings
         self.jobs = list(jobs)
         self.instance_id = settings.instance_id
-        self.db = Database.connect(settings.url, settings.pool_size)
+        self.db = Database.connect(
+            settings.url, settings.pool_size, lease_seconds=settings.lease_seconds
+        )
         self.clock: Clock = clock if clock is not None else DatabaseClock(self.db.clock_sample)
         self.db.server_clock = isinstance(self.clock, DatabaseClock)
         self.outage = Outage()

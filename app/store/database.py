@@ -61,11 +61,19 @@ class Database:
         return now_in_sql(self.dialect, self.server_clock, name)
 
     @classmethod
-    def connect(cls, url: URL, pool_size: int = 10, *, create: bool = True) -> Database:
+    def connect(
+        cls,
+        url: URL,
+        pool_size: int = 10,
+        *,
+        create: bool = True,
+        lease_seconds: float | None = None,
+    ) -> Database:
         """An engine for ``url``. A SQLite file is created private (0600; SQLite gives its
         ``-wal`` and ``-shm`` files the same mode) when missing, or with ``create=False`` (the
         commands that only read or queue) refused with :class:`ConfigError`, leaving no file
-        behind."""
+        behind. ``lease_seconds``: the instance's lease, which bounds how long the server lets a
+        session of ours hold locks while hung (:class:`app.store.dialects.SessionLimits`)."""
         path = sqlite_file(url)
         if path is not None:
             if create:
@@ -76,7 +84,7 @@ class Database:
                     f"no database at {str(path)!r}: start `slotcron run` or `slotcron migrate` "
                     "with this URL first",
                 )
-        engine, dialect = make_engine(url, pool_size)
+        engine, dialect = make_engine(url, pool_size, lease_seconds)
         return cls(engine, dialect)
 
     @asynccontextmanager

@@ -5,9 +5,12 @@ No ``if dialect == ...`` lives outside this module.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -48,6 +51,52 @@ STATEMENT_TIMEOUT = 30.0
 """Seconds one statement (asyncpg's command timeout) or one whole transaction (every backend:
 :class:`app.store.database.Database`) may take before it is abandoned as an outage."""
 
+SESSION_TIMEOUT_MIN = 1.0
+"""The least a session may idle in a transaction or wait for a lock (MariaDB counts whole
+seconds)."""
+SESSION_TIMEOUT_MAX = 20.0
+"""The most: no transaction of ours idles or waits this long when the database is healthy."""
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """What the database server itself enforces on each of our sessions.
+
+    A peer whose database path hangs mid-transaction (a frozen network, a paused process) keeps
+    its row locks for as long as the server keeps its session, and every healthy instance's
+    renewal or outcome write on those rows waits behind it: past a lease, healthy runs are
+    judged dead. So the server ends a session idle inside a transaction after
+    ``idle_in_transaction`` s (its locks go with it), and no statement waits for a lock longer
+    than ``lock_wait`` s: both a third of the lease, so a lock is never held across a lease.
+    Client-side deadlines cannot do this: the hung side's client is the one that cannot act.
+    """
+
+    idle_in_transaction: float
+    lock_wait: float
+    statement: float = STATEMENT_TIMEOUT
+
+    @classmethod
+    def for_lease(cls, lease_seconds: float | None) -> SessionLimits:
+        """A third of the lease, between :data:`SESSION_TIMEOUT_MIN` and
+        :data:`SESSION_TIMEOUT_MAX`; ``None`` (no lease: the command line, the HTTP reader, a
+        migration) the maximum."""
+        third = SESSION_TIMEOUT_MAX if lease_seconds is None else lease_seconds / 3
+        bound = min(max(third, SESSION_TIMEOUT_MIN), SESSION_TIMEOUT_MAX)
+        return cls(idle_in_transaction=bound, lock_wait=bound)
+
+    def milliseconds(self, seconds: float) -> str:
+        return str(round(seconds * 1000))
+
+    def whole_seconds(self, seconds: float) -> int:
+        """Floored (never past the bound), at least 1 (0 means "no limit" to MariaDB)."""
+        return max(1, math.floor(seconds))
+
+
+MIGRATION_LOCK_SECONDS = 120.0
+"""Seconds a migration waits for another instance's to finish."""
+BUSY_MAX_SECONDS = 5.0
+"""The most a SQLite transaction waits for another's write lock."""
+
 NOWAIT = "slotcron_nowait"
 """Connection execution option: on SQLite, begin without waiting for the write lock."""
 READ_ONLY = "slotcron_read_only"
@@ -68,6 +117,9 @@ class Dialect:
     # True where UPDATE ... RETURNING exists (not MySQL/MariaDB).
     update_returning = True
 
+    def __init__(self, limits: SessionLimits | None = None) -> None:
+        self.limits = limits or SessionLimits.for_lease(None)
+
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
         # SCHEDULER_POOL_SIZE is the instance's whole allowance of connections: no overflow.
         return {
@@ -81,7 +133,20 @@ class Dialect:
         }
 
     def configure(self, engine: AsyncEngine) -> None:
-        """Set up a new engine's connections for this database (SQLite only)."""
+        """Set up a new engine's connections for this database."""
+
+        @event.listens_for(engine.sync_engine, "handle_error")
+        def _on_error(context: Any) -> None:
+            # A session the server ended (our own idle-in-transaction limit, a DBA's kill) is
+            # gone: its connection is discarded, never handed out again. The rest of the pool
+            # is sound (the server is up), so only this connection goes.
+            if self.session_ended(context.original_exception):
+                context.is_disconnect = True
+                context.invalidate_pool_on_disconnect = False
+
+    def session_ended(self, exc: BaseException) -> bool:
+        """True when ``exc`` says the server ended this session (its connection is unusable)."""
+        return False
 
     def is_lock_unavailable(self, exc: BaseException) -> bool:
         """True when ``exc`` says the NOWAIT row lock (or a deadlock victim's) was refused."""
@@ -171,13 +236,23 @@ class PostgreSQL(Dialect):
     conflict_insert = staticmethod(postgresql.insert)
     free_autocommit = True  # asyncpg: autocommit is simply not sending BEGIN
     now_sql = "SELECT clock_timestamp()"
+    # 55P03 is also lock_timeout's: a lock waited for too long is a busy row, tried again.
     _LOCK_CODES = frozenset({"55P03", "40P01", "40001"})
+    # Idle-in-transaction timeout, administrator command, crash shutdown.
+    _ENDED_CODES = frozenset({"25P03", "57P01", "57P02", "57P05"})
 
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
         options = super().engine_options(url, pool_size)
-        # Named in pg_stat_activity, so a DBA sees whose connections these are.
+        ms = self.limits.milliseconds
         options["connect_args"] = {
-            "server_settings": {"application_name": "slotcron"},
+            # Sent with the connection's start-up packet: no round trip. Named in
+            # pg_stat_activity, so a DBA sees whose connections these are.
+            "server_settings": {
+                "application_name": "slotcron",
+                "idle_in_transaction_session_timeout": ms(self.limits.idle_in_transaction),
+                "lock_timeout": ms(self.limits.lock_wait),
+                "statement_timeout": ms(self.limits.statement),
+            },
             "timeout": CONNECT_TIMEOUT,
             "command_timeout": STATEMENT_TIMEOUT,
         }
@@ -188,6 +263,9 @@ class PostgreSQL(Dialect):
             getattr(exc, "orig", None), "pgcode", None
         )
         return code in self._LOCK_CODES
+
+    def session_ended(self, exc: BaseException) -> bool:
+        return getattr(exc, "sqlstate", None) in self._ENDED_CODES
 
     def among(
         self, column: ColumnElement[Any], name: str, element: TypeEngine[Any]
@@ -224,7 +302,15 @@ class PostgreSQL(Dialect):
 
     @asynccontextmanager
     async def migration_lock(self, conn: AsyncConnection) -> AsyncIterator[None]:
-        # Released by the migration's commit.
+        # A migration may wait for its lock and for the tables' (bounded by the command
+        # timeout) and work between statements: this transaction only, the session's limits
+        # are lifted. Released by the migration's commit.
+        await conn.execute(
+            text(
+                "SELECT set_config('lock_timeout', '0', true), "
+                "set_config('idle_in_transaction_session_timeout', '0', true)"
+            )
+        )
         await conn.execute(text("SELECT pg_advisory_xact_lock(7301991)"))
         yield
 
@@ -238,13 +324,23 @@ class MySQL(Dialect):
     update_returning = False
     # 3572: MySQL's NOWAIT refusal; 1205: MariaDB's (lock wait timeout); 1213: deadlock victim.
     _LOCK_CODES = frozenset({3572, 1205, 1213})
+    # 1927: the connection was killed; 4031: MySQL's inactivity disconnect.
+    _ENDED_CODES = frozenset({1927, 4031})
 
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
         options = super().engine_options(url, pool_size)
         # Read committed: the overlap check must see runs committed after this transaction began.
         options["isolation_level"] = "READ COMMITTED"
+        limits, whole = self.limits, self.limits.whole_seconds
         options["connect_args"] = {
-            "init_command": "SET time_zone = '+00:00'",
+            # One statement on connecting. ``/*M! ... */`` is run by MariaDB only: MySQL has no
+            # idle-transaction timeout (and its max_execution_time bounds only SELECTs).
+            "init_command": (
+                "SET time_zone = '+00:00' /*M!, "
+                f"idle_transaction_timeout = {whole(limits.idle_in_transaction)}, "
+                f"max_statement_time = {limits.statement:g} */, "
+                f"innodb_lock_wait_timeout = {whole(limits.lock_wait)}"
+            ),
             "connect_timeout": CONNECT_TIMEOUT,
         }
         return options
@@ -252,6 +348,10 @@ class MySQL(Dialect):
     def is_lock_unavailable(self, exc: BaseException) -> bool:
         args: tuple[object, ...] = tuple(getattr(getattr(exc, "orig", None), "args", ()))
         return len(args) > 0 and args[0] in self._LOCK_CODES
+
+    def session_ended(self, exc: BaseException) -> bool:
+        args: tuple[object, ...] = tuple(getattr(exc, "args", ()))
+        return len(args) > 0 and args[0] in self._ENDED_CODES
 
     def upsert(
         self,
@@ -267,9 +367,16 @@ class MySQL(Dialect):
     async def migration_lock(self, conn: AsyncConnection) -> AsyncIterator[None]:
         # A named lock belongs to the session, not the transaction: release it explicitly, or
         # the pooled connection keeps it and the next instance waits out the timeout.
-        granted = (await conn.execute(text("SELECT GET_LOCK('slotcron_migrate', 120)"))).scalar()
-        if granted != 1:
-            raise TimeoutError("another instance held the migration lock for 120 s")
+        # Asked for a second at a time: one statement may not run past max_statement_time.
+        deadline = asyncio.get_running_loop().time() + MIGRATION_LOCK_SECONDS
+        while True:
+            lock = text("SELECT GET_LOCK('slotcron_migrate', 1)")
+            if (await conn.execute(lock)).scalar() == 1:
+                break
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(
+                    f"another instance held the migration lock for {MIGRATION_LOCK_SECONDS:g} s"
+                )
         try:
             yield
         finally:
@@ -285,13 +392,20 @@ class SQLite(Dialect):
 
     name = "sqlite"
     conflict_insert = staticmethod(sqlite.insert)
-    busy_ms = 5000
     single_writer = True
+
+    def __init__(self, limits: SessionLimits | None = None) -> None:
+        super().__init__(limits)
+        # No server to end a hung peer's transaction: waiting for its write lock is bounded
+        # like a lock wait elsewhere, and never past the 5 s SQLite waited before.
+        self.busy_ms = round(min(self.limits.lock_wait, BUSY_MAX_SECONDS) * 1000)
 
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
         return {"pool_size": pool_size, "max_overflow": 0}
 
     def configure(self, engine: AsyncEngine) -> None:
+        super().configure(engine)
+
         # The SQLAlchemy recipe for SQLite: take transaction control from the driver so we can
         # say BEGIN IMMEDIATE ourselves (pysqlite's own BEGIN is deferred and upgrades too late).
         @event.listens_for(engine.sync_engine, "connect")
@@ -331,12 +445,12 @@ class SQLite(Dialect):
         return "database is locked" in message or "database is busy" in message
 
 
-def dialect_for(url: URL) -> Dialect:
+def dialect_for(url: URL, limits: SessionLimits | None = None) -> Dialect:
     backend = url.get_backend_name()
     if backend == "postgresql":
-        return PostgreSQL()
+        return PostgreSQL(limits)
     if backend in ("mysql", "mariadb"):
-        return MySQL()
+        return MySQL(limits)
     if backend == "sqlite":
-        return SQLite()
+        return SQLite(limits)
     raise ValueError(f"unsupported database backend {backend!r}")

@@ -5,11 +5,15 @@ from __future__ import annotations
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from app.store.dialects import Dialect, dialect_for
+from app.store.dialects import Dialect, SessionLimits, dialect_for
 
 
-def make_engine(url: URL, pool_size: int = 10) -> tuple[AsyncEngine, Dialect]:
-    dialect = dialect_for(url)
+def make_engine(
+    url: URL, pool_size: int = 10, lease_seconds: float | None = None
+) -> tuple[AsyncEngine, Dialect]:
+    """``lease_seconds`` sizes the server's limits on each session (see
+    :class:`app.store.dialects.SessionLimits`); None where no lease is at stake."""
+    dialect = dialect_for(url, SessionLimits.for_lease(lease_seconds))
     engine = create_async_engine(url, **dialect.engine_options(url, pool_size))
     dialect.configure(engine)
     return engine, dialect

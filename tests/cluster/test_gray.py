@@ -144,11 +144,6 @@ async def statuses(db: Database) -> dict[int, Any]:
 
 @SERVERS
 @pytest.mark.parametrize("hang", [20, 45])
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 11, open: a run of an allow/retry job on the healthy instance was once "
-    "recorded ABANDONED after the thaw (MariaDB, 20 s), and its slot retried; not yet explained",
-)
 async def test_a_database_path_hanging_runs_no_slot_twice_and_shuts_down_cleanly(
     db: Database, db_url: str, spawn: Spawn, proxy: Proxy, records_path: Path, hang: int
 ) -> None:
