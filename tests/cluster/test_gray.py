@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import glob
 import itertools
+import json
+import os
 import re
 import signal
 import subprocess
@@ -54,6 +56,72 @@ TICK = 0.012
 """A clock read from the database (or, for SQLite, from file times) may lag the real one by a
 kernel tick: a start this much before its slot may still be on time (as in test_skew.py)."""
 SERVERS = pytest.mark.parametrize("backend", ["postgresql", "mariadb"], indirect=True)
+FORBID = ("long-", "paused", "blocker", "steady-", "queued", "token")
+"""The jobs (by name prefix) with ``overlap="forbid"`` in jobs_gray.py."""
+
+Figures = Callable[..., None]
+
+
+@pytest.fixture
+def figures(backend: str) -> Figures:
+    """``figures(scenario, **values)`` appends one JSON line (the scenario, the backend and the
+    values) to the file named by ``SLOTCRON_FIGURES``: the figures of the issue's closing note,
+    computed by the helpers the assertions use. Nothing when the variable is unset."""
+
+    def write(scenario: str, **values: Any) -> None:
+        target = os.environ.get("SLOTCRON_FIGURES")
+        if not target:
+            return
+        line = {"scenario": scenario, "backend": backend, **values}
+        with open(target, "a", encoding="utf-8") as out:
+            out.write(json.dumps(line) + "\n")
+
+    return write
+
+
+def together_seconds(found: list[Run], until_: float, **kwargs: Any) -> float:
+    """The longest time two runs of one forbid job executed together (0.0: never)."""
+    forbid = [r for r in found if r.job.startswith(FORBID)]
+    return round(max(overlaps(forbid, until=until_, **kwargs).values(), default=0.0), 3)
+
+
+def retry_waited(found: list[Run], retried: list[Run]) -> float | None:
+    """The longest a retry waited after its previous attempt stopped (None: no retry)."""
+    waits = []
+    for run in retried:
+        stops = [
+            r.stop
+            for r in found
+            if (r.job, r.slot, r.attempt) == (run.job, run.slot, run.attempt - 1)
+            and r.stop is not None
+        ]
+        if stops:
+            waits.append(run.start - max(stops))
+    return round(max(waits), 2) if waits else None
+
+
+def abandoned_healthy(
+    found: list[Run],
+    rows: dict[int, Any],
+    healthy: Callable[[Run], bool],
+    cut_short_too: bool = False,
+) -> int:
+    """Runs ``healthy`` judges healthy (by default only those that ran to their end) that the
+    scheduler recorded ABANDONED."""
+    return sum(
+        1
+        for run in found
+        if ((run.finished and run.stop is not None) or cut_short_too)
+        and healthy(run)
+        and (row := rows.get(run.id)) is not None
+        and row.status == "ABANDONED"
+    )
+
+
+def worst_exit(exits: dict[str, tuple[int | None, float]]) -> int | None:
+    """The exit status after SIGTERM to report: the first nonzero (None: one did not exit)."""
+    codes = [rc for rc, _ in exits.values()]
+    return next((rc for rc in codes if rc != 0), 0)
 
 
 def env(scenario: str, **more: Any) -> dict[str, Any]:
@@ -145,7 +213,13 @@ async def statuses(db: Database) -> dict[int, Any]:
 @SERVERS
 @pytest.mark.parametrize("hang", [20, 45])
 async def test_a_database_path_hanging_runs_no_slot_twice_and_shuts_down_cleanly(
-    db: Database, db_url: str, spawn: Spawn, proxy: Proxy, records_path: Path, hang: int
+    db: Database,
+    db_url: str,
+    spawn: Spawn,
+    proxy: Proxy,
+    records_path: Path,
+    hang: int,
+    figures: Figures,
 ) -> None:
     # hung starts first, so that it (reaching the database through the proxy, a little slower)
     # holds long runs when the path hangs, instead of losing every race to well.
@@ -219,12 +293,14 @@ async def test_a_database_path_hanging_runs_no_slot_twice_and_shuts_down_cleanly
         and r.stop is not None
         and frozen_at <= r.stop <= thawed_at
     }
-    problems += twice([r for r in found if (r.job, r.slot) not in unrecordable])
+    doubled = twice([r for r in found if (r.job, r.slot) not in unrecordable])
+    problems += doubled
     retried = [r for r in found if (r.job, r.slot) in unrecordable and r.attempt > 1]
     for run in retried:
         if run.trigger != "retry":
             problems.append(f"{run.job} slot {run.slot} ran again, but not as its retry")
     rows = await statuses(db)
+    abandoned = 0
     for run in found:
         # judged: runs that ended before the SIGTERM (a drain's last moments are not the point)
         healthy = run.finished and (
@@ -234,6 +310,7 @@ async def test_a_database_path_hanging_runs_no_slot_twice_and_shuts_down_cleanly
         )
         row = rows.get(run.id)
         if healthy and row is not None and row.status == "ABANDONED":
+            abandoned += 1
             problems.append(
                 f"{run.job} slot {run.slot} on {run.instance} (execution {run.id}) ran to its end "
                 f"{run.start - thawed_at:+.1f} s from the thaw and is recorded ABANDONED"
@@ -247,6 +324,16 @@ async def test_a_database_path_hanging_runs_no_slot_twice_and_shuts_down_cleanly
             )
     split = Counter(r.instance for r in found if r.start > thawed_at + 1)
     print(f"\nhang {hang} s: {len(found)} runs, after the thaw {dict(split)}, exits {exits}")
+    figures(
+        f"hang {hang} s",
+        together_s=together_seconds(found, stopped_at),
+        run_twice=len(doubled),
+        healthy_abandoned=abandoned,
+        early=len(early_starts(found, TICK)),
+        exit=worst_exit(exits),
+        retries=len(retried),
+        retry_waited_s=retry_waited(found, retried),
+    )
     verdict(problems)
 
 
@@ -273,7 +360,7 @@ async def renewed(db: Database, execution_id: int, timeout: float = 5.0) -> None
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 async def test_b_process_paused_past_its_lease_is_fenced_and_overlaps_nothing(
-    db: Database, spawn: Spawn, records_path: Path
+    db: Database, spawn: Spawn, records_path: Path, figures: Figures
 ) -> None:
     p = spawn("p", JOBS, **env("pause"))
     q = spawn("q", JOBS, **env("pause"))
@@ -301,14 +388,23 @@ async def test_b_process_paused_past_its_lease_is_fenced_and_overlaps_nothing(
 
     await until(played_out, 40, "the paused run to end and the next one to end too")
     stopped_at = time.time()
-    await stop(p, q)
+    exits = await stop(p, q)
 
     found = runs(read_records(records_path))
     paused = {"p": [(paused_at, resumed_at)]}
     problems = too_long_together(found, stopped_at, paused=paused)
     problems += twice(found)
     by_id = {r.id: r for r in found}
-    for row in (await statuses(db)).values():
+    rows = await statuses(db)
+    figures(
+        "pause",
+        together_s=together_seconds(found, stopped_at, paused=paused),
+        run_twice=len(slots_run_twice(found)),
+        healthy_abandoned=abandoned_healthy(found, rows, lambda r: r.instance == "q"),
+        early=len(early_starts(found, TICK)),
+        exit=worst_exit(exits),
+    )
+    for row in rows.values():
         claim = re.search(r"execution (\d+) is still running", row.error or "")
         if row.status != "SKIPPED" or claim is None:
             continue
@@ -340,7 +436,7 @@ async def test_b_process_paused_past_its_lease_is_fenced_and_overlaps_nothing(
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 async def test_c_job_blocking_the_loop_keeps_its_lease_and_completes(
-    db: Database, spawn: Spawn, records_path: Path
+    db: Database, spawn: Spawn, records_path: Path, figures: Figures
 ) -> None:
     instances = [spawn(name, JOBS, **env("block")) for name in ("b1", "b2")]
 
@@ -349,12 +445,22 @@ async def test_c_job_blocking_the_loop_keeps_its_lease_and_completes(
 
     await until(three_finished, 45, "three runs of 'blocker' to finish")
     stopped_at = time.time()
-    await stop(*instances)
+    exits = await stop(*instances)
 
     found = runs(read_records(records_path))
     problems = too_long_together(found, stopped_at)
     problems += twice(found)
     rows = await statuses(db)
+    figures(
+        "blocked loop",
+        together_s=together_seconds(found, stopped_at),
+        run_twice=len(slots_run_twice(found)),
+        healthy_abandoned=abandoned_healthy(
+            found, rows, lambda r: (r.stop or stopped_at) < stopped_at
+        ),
+        early=len(early_starts(found, TICK)),
+        exit=worst_exit(exits),
+    )
     for run in found:
         row = rows.get(run.id)
         ended = run.finished and run.stop is not None and run.stop < stopped_at
@@ -445,7 +551,7 @@ LOCAL = pytest.mark.parametrize("backend", ["sqlite", "postgresql"], indirect=Tr
 
 @LOCAL
 async def test_d_wall_clock_stepping_ahead_starts_no_run_early(
-    spawn: Spawn, records_path: Path, faketime_preload: str, tmp_path: Path
+    spawn: Spawn, records_path: Path, faketime_preload: str, tmp_path: Path, figures: Figures
 ) -> None:
     offset = tmp_path / "offset"
     stepper = spawn("stepper", JOBS, **env("step", **stepped(faketime_preload, offset)))
@@ -459,9 +565,17 @@ async def test_d_wall_clock_stepping_ahead_starts_no_run_early(
     offset.write_text("+3\n")
     stepped_at = time.time()
     await until(lambda: slots_started(stepped_at) >= 8, 30, "eight slots run after the step")
-    await stop(stepper)
+    stopped_at = time.time()
+    exits = await stop(stepper)
 
     found = runs(read_records(records_path), real)
+    figures(
+        "clock step",
+        together_s=together_seconds(found, stopped_at),
+        run_twice=len(slots_run_twice(found)),
+        early=len(early_starts(found, TICK)),
+        exit=worst_exit(exits),
+    )
     problems = [
         f"{run.job} slot {run.slot} started {ahead:.3f} s before its time (real clock)"
         for run, ahead in early_starts(found, TICK)
@@ -476,7 +590,12 @@ async def test_d_wall_clock_stepping_ahead_starts_no_run_early(
 
 @LOCAL
 async def test_d_leader_stepping_ahead_abandons_no_healthy_run(
-    db: Database, spawn: Spawn, records_path: Path, faketime_preload: str, tmp_path: Path
+    db: Database,
+    spawn: Spawn,
+    records_path: Path,
+    faketime_preload: str,
+    tmp_path: Path,
+    figures: Figures,
 ) -> None:
     offset = tmp_path / "offset"
     lead = spawn("lead", JOBS, **env("step", **stepped(faketime_preload, offset)))
@@ -513,11 +632,20 @@ async def test_d_leader_stepping_ahead_abandons_no_healthy_run(
         return watched and mine is not None and mine.stop is not None and len(later) >= 6
 
     await until(played_out, 30, "other's run to end, six slots and two leases after the step")
-    await stop(lead, other)
+    stopped_at = time.time()
+    exits = await stop(lead, other)
 
     found = runs(read_records(records_path), real)
     problems = twice(found)
     rows = await statuses(db)
+    figures(
+        "leader clock step",
+        together_s=together_seconds(found, stopped_at),
+        run_twice=len(slots_run_twice(found)),
+        healthy_abandoned=abandoned_healthy(found, rows, lambda r: r.instance == "other", True),
+        early=len(early_starts(found, TICK)),
+        exit=worst_exit(exits),
+    )
     for run in found:
         row = rows.get(run.id)
         # other is healthy throughout: none of its runs may be judged dead
@@ -540,7 +668,7 @@ START = 0.25
 
 @SERVERS
 async def test_e_claim_committing_late_leaves_the_slot_to_the_misfire_policy(
-    db_url: str, spawn: Spawn, proxy: Proxy, records_path: Path
+    db_url: str, spawn: Spawn, proxy: Proxy, records_path: Path, figures: Figures
 ) -> None:
     late = spawn("late", JOBS, **env("late", SCHEDULER_DATABASE_URL=proxy.url(db_url)))
 
@@ -565,7 +693,7 @@ async def test_e_claim_committing_late_leaves_the_slot_to_the_misfire_policy(
         )
 
     await until(resumed, 30, "both jobs to fire on time again after the thaw")
-    await stop(late)
+    exits = await stop(late)
 
     found = runs(read_records(records_path))
     problems = []
@@ -578,6 +706,13 @@ async def test_e_claim_committing_late_leaves_the_slot_to_the_misfire_policy(
                 f"{frozen_at - slot_time(run.slot):+.1f} s from the slot): started as if on time"
             )
     problems += twice(found)
+    figures(
+        "late claim",
+        started_late_as_on_time=len(problems) - len(slots_run_twice(found)),
+        run_twice=len(slots_run_twice(found)),
+        early=len(early_starts(found, TICK)),
+        exit=worst_exit(exits),
+    )
     verdict(problems)
 
 
@@ -586,7 +721,7 @@ async def test_e_claim_committing_late_leaves_the_slot_to_the_misfire_policy(
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 async def test_f_queued_retry_starts_soon_after_the_lease_it_waits_for_ends(
-    db: Database, spawn: Spawn, records_path: Path
+    db: Database, spawn: Spawn, records_path: Path, figures: Figures
 ) -> None:
     qa = spawn("qa", JOBS, **env("queued"))
 
@@ -605,6 +740,7 @@ async def test_f_queued_retry_starts_soon_after_the_lease_it_waits_for_ends(
         return next((r for r in runs(read_records(records_path)) if r.attempt == 2), None)
 
     problems = []
+    waited: float | None = None
     try:
         started: Run = await until(retry, 12, "the retry")
     except AssertionError:
@@ -618,7 +754,17 @@ async def test_f_queued_retry_starts_soon_after_the_lease_it_waits_for_ends(
         if waited > 3.0:
             problems.append(f"the retry started {waited:.1f} s after the lease ended (at most 3 s)")
         print(f"\nretry started {waited:.2f} s after the lease ended")
-    await stop(qa)
+    stopped_at = time.time()
+    exits = await stop(qa)
+    found = runs(read_records(records_path))
+    figures(
+        "queued retry",
+        together_s=together_seconds(found, stopped_at),
+        run_twice=len(slots_run_twice(found)),
+        early=len(early_starts(found, TICK)),
+        exit=worst_exit(exits),
+        retry_waited_s=None if waited is None else round(waited, 2),
+    )
     verdict(problems)
 
 
