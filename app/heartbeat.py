@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable
 
 from app.clock import DatabaseClock
-from app.inflight import CancelReason, Runs, trusted_until
+from app.inflight import CancelReason, RunHandle, Runs, trusted_until
 from app.outage import DB_ERRORS
 from app.roles import Collaborators, Role
 from app.store import runs as run_store
+from app.store.runs import IncarnationLost
 
 log = logging.getLogger("slotcron.heartbeat")
 
@@ -43,6 +44,11 @@ class Heartbeat(Role):
         self.period = period
         self.instance_state = instance_state
         self._last_sync = time.monotonic()
+        self.incarnation: str | None = None
+        """This process's hold on the instance id (set once it holds it): a renewal checks the
+        instance row still names it."""
+        self.superseded = False
+        """True once another process took the instance id over."""
 
     async def run(self) -> None:
         while True:
@@ -76,7 +82,12 @@ class Heartbeat(Role):
                     now=now,
                     lease_counts=counts,
                     instance_state=self.instance_state(),
+                    incarnation=self.incarnation,
                 )
+        except IncarnationLost:
+            self.outage.recovered()
+            self._superseded(counted)
+            return
         except DB_ERRORS as exc:
             self.outage.failed(exc, "renewing leases")
             return
@@ -93,4 +104,21 @@ class Heartbeat(Role):
                     handle.id,
                     handle.job.name,
                 )
+                self.runs.cancel(handle, CancelReason.FENCED)
+
+    def _superseded(self, counted: list[RunHandle]) -> None:
+        """Another process holds our instance id: this one was paused or cut off long enough
+        to be judged dead, and its runs may already be ABANDONED and retried elsewhere. Every
+        run of ours is fenced (renewals stay refused: whatever it claims later is fenced too)."""
+        if not self.superseded:
+            self.superseded = True
+            log.error(
+                "instance id %s is now held by another process (a newer incarnation took it "
+                "over while this one was paused or cut off past its lease); fencing this "
+                "process's %d runs. Restart this process (or give each process its own id)",
+                self.instance_id,
+                len(counted),
+            )
+        for handle in counted:
+            if not handle.done.is_set():
                 self.runs.cancel(handle, CancelReason.FENCED)

@@ -203,7 +203,8 @@ class Service:
                 offset.total_seconds() * 1000,
                 self.clock.round_trip.total_seconds() * 1000,
             )
-        await lifeline.hold_instance_id(  # refuses a second live process under this id
+        # Refuses a second live process under this id; the heartbeat checks we still hold it.
+        self.heartbeat.incarnation = await lifeline.hold_instance_id(
             self.db,
             instance_id=self.instance_id,
             lapse=self.settings.lease_seconds,

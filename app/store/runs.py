@@ -22,6 +22,11 @@ from app.store.lifeline import queue_retry
 from app.store.tables import UTCDateTime, executions, instances
 
 
+class IncarnationLost(Exception):
+    """The instance row names another incarnation: another process took this instance id over
+    (this one was paused or cut off past its lease, and judged dead). Nothing was renewed."""
+
+
 def _mine(execution_id: int, instance_id: str) -> Any:
     return (
         (executions.c.id == execution_id)
@@ -203,21 +208,25 @@ async def renew(
     now: datetime,
     lease_counts: Mapping[int, int],
     instance_state: str,
+    incarnation: str | None = None,
 ) -> set[int] | None:
     """Renew the leases of all this instance's running executions and its own instance row.
 
     One statement per distinct lease length (almost always one), whatever the number of runs.
     ``lease_counts`` maps a lease length (ms) to how many runs we hold with it. Returns None
     when every lease was renewed, else the ids still ours (the others were taken from us).
+    With ``incarnation`` (this process's, :func:`app.store.lifeline.hold_instance_id`), raises
+    :class:`IncarnationLost`, renewing nothing, when the instance row names another.
     """
-    beat = (
-        update(instances)
-        .where(instances.c.instance_id == instance_id)
-        .values(heartbeat_at=now, state=instance_state)
-    )
+    beat = update(instances).where(instances.c.instance_id == instance_id)
+    if incarnation is not None:
+        beat = beat.where(instances.c.incarnation == incarnation)
+    beat = beat.values(heartbeat_at=now, state=instance_state)
     if not lease_counts:  # idle: the instance row alone
         async with db.alone(write=True) as conn:
-            await conn.execute(beat)
+            beaten = (await conn.execute(beat)).rowcount
+        if incarnation is not None and beaten == 0:
+            raise IncarnationLost(instance_id)
         return None
     complete = True
     # Only leases still live are extended (judged by the database's clock): a lapsed lease is
@@ -237,7 +246,9 @@ async def renew(
                 {"p_now": now},
             )
             complete = complete and result.rowcount == expected
-        await conn.execute(beat)
+        # Raised inside the transaction: its lease renewals are rolled back with it.
+        if (await conn.execute(beat)).rowcount == 0 and incarnation is not None:
+            raise IncarnationLost(instance_id)
         if complete:
             return None
         rows = await conn.execute(
