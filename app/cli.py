@@ -312,7 +312,7 @@ def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
             (
                 str(r.id),
                 r.job,
-                iso(r.scheduled_at) or "",
+                (iso(r.scheduled_at) or "") + (f" .. {iso(r.until)}" if r.until else ""),
                 r.trigger,
                 r.status,
                 str(r.attempt),

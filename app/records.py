@@ -59,6 +59,7 @@ def execution_json(record: ExecutionRecord) -> dict[str, Any]:
         "error": record.error,
         "params": record.params,
         "state": record.state,
+        "until": iso(record.until),
     }
 
 

@@ -356,13 +356,18 @@ function errorCell(run) {
   return cell;
 }
 
+// A MISSED record standing for a passed-over range shows its first and last slot.
+function slotText(run) {
+  return run.until ? `${when(run.scheduled_at)} – ${when(run.until)}` : when(run.scheduled_at);
+}
+
 function renderExecutions(page) {
   const rows = [];
   for (const run of page.executions) {
     rows.push(el("tr", { "data-execution": String(run.id), "data-status": run.status, "data-trigger": run.trigger },
       el("td", { class: "num" }, el("a", { href: jobHref(run.job, run.id), text: String(run.id) })),
       el("td", { class: "mono", text: run.job }),
-      el("td", { text: when(run.scheduled_at) }),
+      el("td", { text: slotText(run) }),
       el("td", { text: run.trigger }),
       el("td", {}, status(run.status)),
       el("td", { class: "num", text: String(run.attempt) }),
@@ -421,7 +426,7 @@ function renderExecutionDetail(run) {
   }
   const lag = run.started_at ? Date.parse(run.started_at) - Date.parse(run.scheduled_at) : null;
   const fields = [
-    ["job", run.job], ["slot", when(run.scheduled_at)], ["status", status(run.status)],
+    ["job", run.job], ["slot", slotText(run)], ["status", status(run.status)],
     ["attempt", String(run.attempt)], ["trigger", run.trigger], ["instance", run.instance_id || "none"],
     ["started", when(run.started_at) || "never"], ["finished", when(run.finished_at) || ""],
     ["lag", lag === null ? "" : ms(lag)], ["duration", ms(run.duration_ms)],
@@ -443,7 +448,7 @@ function renderJobHistory(page) {
     const lag = run.started_at ? Date.parse(run.started_at) - Date.parse(run.scheduled_at) : null;
     rows.push(el("tr", { "data-execution": String(run.id), "data-status": run.status, "data-trigger": run.trigger },
       el("td", { class: "num" }, el("a", { href: jobHref(run.job, run.id), text: String(run.id) })),
-      el("td", { text: when(run.scheduled_at) }),
+      el("td", { text: slotText(run) }),
       el("td", { text: run.trigger }),
       el("td", {}, status(run.status)),
       el("td", { class: "num", text: String(run.attempt) }),
