@@ -34,6 +34,9 @@ from app.store.claims import Claim
 
 log = logging.getLogger("slotcron.scheduler")
 
+SUMMED_UP = 5
+"""Passed-over ranges recorded together past which one WARNING line sums them up."""
+
 
 class Firing:
     def __init__(
@@ -275,10 +278,18 @@ class Firing:
                 continue
             self.claimer.outage.recovered()
             rest: dict[str, tuple[Job, misfire.PassedOver]] = {}
+            recorded = [name for name, outcome in outcomes.items() if outcome.execution_id]
+            if len(recorded) > SUMMED_UP:
+                log.warning(
+                    "%d jobs had slots older than their catchup_window: each range recorded "
+                    "MISSED as one execution (%s, ...)",
+                    len(recorded),
+                    ", ".join(recorded[:SUMMED_UP]),
+                )
             for name, outcome in outcomes.items():
                 job, passed = todo[name]
                 if outcome.execution_id is not None:
-                    self._passed_over(job, passed, outcome.execution_id)
+                    self._passed_over(job, passed, outcome.execution_id, len(recorded))
                 elif outcome.high_water is not None and outcome.high_water < passed.last:
                     schedule = self.schedules[name]
                     first = schedule.next_after(outcome.high_water)
@@ -302,10 +313,14 @@ class Firing:
             reason=passed.reason,
         )
 
-    def _passed_over(self, job: Job, passed: misfire.PassedOver, execution_id: int) -> None:
-        """Log, count and alert a recorded range, as the claimer does a slot recorded MISSED."""
+    def _passed_over(
+        self, job: Job, passed: misfire.PassedOver, execution_id: int, together: int
+    ) -> None:
+        """Log, count and alert a recorded range, as the claimer does a slot recorded MISSED
+        (one WARNING each, unless many were recorded ``together``: then summed up)."""
         instance_id = self.claimer.instance_id
-        log.warning(
+        log.log(
+            logging.WARNING if together <= SUMMED_UP else logging.DEBUG,
             "%s: %s; recorded MISSED as execution %d",
             job.name,
             passed.reason,
