@@ -77,9 +77,7 @@ def passed_over(
     return passed_over_range(job, schedule, start, last_before(schedule, end, start))
 
 
-def passed_over_range(
-    job: Job, schedule: Schedule, first: datetime, last: datetime
-) -> PassedOver:
+def passed_over_range(job: Job, schedule: Schedule, first: datetime, last: datetime) -> PassedOver:
     """The passed-over range from slot ``first`` to slot ``last``, with the reason recorded."""
     count = count_slots(schedule, first, last)
     many = f"{count} slot{'s' if count != 1 else ''}" if count else f"over {COUNT_CAP} slots"

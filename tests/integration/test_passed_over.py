@@ -98,7 +98,7 @@ async def test_a_20_s_outage_leaves_no_slot_without_a_record(
     )
     in_window = {k: r.status for r in found if (k := int((r.scheduled_at - slot(0)) / SECOND)) > 16}
     runs = {"skip": [], "once": [20], "all": [17, 18, 19, 20]}[policy]
-    assert in_window == {k: "COMPLETED" if k in runs + [21] else "MISSED" for k in range(17, 22)}
+    assert in_window == {k: "COMPLETED" if k in [*runs, 21] else "MISSED" for k in range(17, 22)}
     assert sorted(ran) == [slot(1), *(slot(k) for k in runs), slot(21)]
     # The record reads back with its range, newest slot first, as history and the API show it.
     history = await list_executions(db, job="tick", status="MISSED")
