@@ -200,6 +200,8 @@ class Firing:
         job = self.jobs.get(name)
         if job is None or self.claimer.closing:
             return False
+        if self.superseded(name):
+            return True  # another schedule is in force: its instances decide its slots
         now = self.clock.now()
         schedule = self.schedules[name]
         late, _ = misfire.late_slots(job, schedule, expected, now)
@@ -278,6 +280,9 @@ class Firing:
                 continue
             self.claimer.outage.recovered()
             rest: dict[str, tuple[Job, misfire.PassedOver]] = {}
+            refused = [name for name, outcome in outcomes.items() if outcome.superseded]
+            if refused and self.claimer.supersession is not None:
+                await self.claimer.supersession.refused(refused)
             recorded = [name for name, outcome in outcomes.items() if outcome.execution_id]
             if len(recorded) > SUMMED_UP:
                 log.warning(
@@ -296,6 +301,11 @@ class Firing:
                     rest[name] = (job, misfire.passed_over_range(job, schedule, first, passed.last))
             todo = rest
 
+    def superseded(self, name: str) -> bool:
+        """Whether a newer registration's schedule of the job is in force: not ours to fire."""
+        supersession = self.claimer.supersession
+        return supersession is not None and name in supersession.superseded
+
     def passed_over(
         self, job: Job, expected: datetime, slot: datetime, now: datetime
     ) -> misfire.PassedOver | None:
@@ -311,6 +321,7 @@ class Firing:
             following=self.schedules[job.name].next_after(passed.last),
             trigger=job.trigger,
             reason=passed.reason,
+            fingerprint=self.claimer.fingerprint(job.name),
         )
 
     def _passed_over(

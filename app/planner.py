@@ -129,6 +129,8 @@ class Planner:
             following: list[tuple[Job, datetime]] = []  # pushed after the sweep: once per job
             while self._heap and self._heap[0][0] <= horizon:
                 slot, job = self._pop()
+                if firing.superseded(job.name):
+                    continue  # a newer registration's schedule is in force: fired no more here
                 schedule = self._schedules[job.name]
                 if misfire.is_late(schedule, slot, now):
                     late, resume = misfire.late_slots(job, schedule, slot, now)

@@ -4,7 +4,8 @@ Slots older than ``catchup_window`` are not decided one by one (:mod:`app.misfir
 range of them is recorded by one row whose ``scheduled_at`` is its first slot and ``until``
 its last, under the job's row lock, like a claim:
 
-    SELECT name, last_slot_at FROM scheduler_jobs WHERE name IN (...) ORDER BY name FOR UPDATE
+    SELECT name, last_slot_at, fingerprint FROM scheduler_jobs WHERE name IN (...) FOR UPDATE
+    another schedule in force  -> nothing written: the recorder was superseded (item 5)
     last_slot_at >= first      -> nothing written: the range (or part of it) is decided
     otherwise                  -> INSERT execution MISSED (scheduled_at first, until last)
                                   UPDATE last_slot_at = last, next_slot_at = the slot after
@@ -53,15 +54,19 @@ class Range:
     following: datetime
     trigger: str
     reason: str
+    fingerprint: str | None = None
+    """The recorder's schedule fingerprint: refused if another schedule is in force."""
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What became of one range: recorded as ``execution_id``, or found decided up to
-    ``high_water`` (the job's high-water mark, at or after the range's first slot)."""
+    """What became of one range: recorded as ``execution_id``, found decided up to
+    ``high_water`` (the job's high-water mark, at or after the range's first slot), or refused
+    because the recorder's schedule was ``superseded``."""
 
     execution_id: int | None = None
     high_water: datetime | None = None
+    superseded: bool = False
 
 
 async def record(
@@ -94,7 +99,7 @@ async def _record(
         # In name order: two recorders of overlapping sets wait for each other, never deadlock
         # (claims never wait: NOWAIT or SKIP LOCKED).
         locked = await conn.execute(
-            select(jobs.c.name, jobs.c.last_slot_at)
+            select(jobs.c.name, jobs.c.last_slot_at, jobs.c.fingerprint)
             .where(jobs.c.name.in_(sorted(by_name)))
             .order_by(jobs.c.name)
             .with_for_update()
@@ -102,7 +107,9 @@ async def _record(
         todo: list[Range] = []
         for row in locked:
             item = by_name[row.name]
-            if row.last_slot_at is not None and row.last_slot_at >= item.first:
+            if item.fingerprint is not None and row.fingerprint not in (None, item.fingerprint):
+                outcomes[row.name] = Outcome(superseded=True)
+            elif row.last_slot_at is not None and row.last_slot_at >= item.first:
                 outcomes[row.name] = Outcome(high_water=row.last_slot_at)
             else:
                 todo.append(item)
