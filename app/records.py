@@ -78,6 +78,7 @@ def job_json(record: JobRecord) -> dict[str, Any]:
         "registered_by": record.registered_by,
         "version": record.version,
         "drift": record.drift,
+        "superseded": record.superseded,
     }
 
 

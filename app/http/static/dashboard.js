@@ -321,7 +321,9 @@ function renderChart(timeline) {
 
 function renderJobs(jobs) {
   const rows = jobs.map((job) => {
-    const drift = Object.keys(job.drift || {}).length ? " (versions disagree)" : "";
+    const superseded = Object.keys(job.superseded || {});
+    const drift = (Object.keys(job.drift || {}).length ? " (versions disagree)" : "") +
+      (superseded.length ? ` (superseded on ${superseded.join(", ")})` : "");
     return el("tr", { "data-job": job.name },
       el("td", { class: "mono" }, el("a", { href: jobHref(job.name), text: job.name })),
       el("td", { class: "mono", text: job.schedule + drift }),
