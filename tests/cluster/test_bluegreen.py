@@ -160,7 +160,8 @@ async def test_a_changed_schedule_takes_over_at_its_registration_and_no_old_slot
         async with db.read() as conn:
             rows = (await conn.execute(select(jobs.c.updated_by, jobs.c.updated_at))).all()
         if len(rows) == N_RESCHEDULED and all(r.updated_by == "green" for r in rows):
-            return max(r.updated_at for r in rows)
+            latest: datetime = max(r.updated_at for r in rows)
+            return latest
         return None
 
     registered: datetime | None = None
