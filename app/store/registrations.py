@@ -73,6 +73,16 @@ async def register_jobs(
     registered = Registered()
     for start in range(0, len(rows), _CHUNK):
         chunk = rows[start : start + _CHUNK]
+        # Only rows known to exist are locked: locking a missing key takes a gap lock on
+        # MariaDB, and two instances registering the same new jobs at once would deadlock.
+        async with db.read() as conn:
+            known = sorted(
+                (
+                    await conn.execute(
+                        select(jobs.c.name).where(jobs.c.name.in_([row.name for row in chunk]))
+                    )
+                ).scalars()
+            )
         async with db.transaction() as conn:
             found = await conn.execute(
                 select(
@@ -87,7 +97,7 @@ async def register_jobs(
                     jobs.c.fingerprint,
                     jobs.c.superseded,
                 )
-                .where(jobs.c.name.in_(sorted(row.name for row in chunk)))
+                .where(jobs.c.name.in_(known))
                 .order_by(jobs.c.name)
                 .with_for_update()
             )
