@@ -73,16 +73,26 @@ async def register_jobs(
     registered = Registered()
     for start in range(0, len(rows), _CHUNK):
         chunk = rows[start : start + _CHUNK]
-        # Only rows known to exist are locked: locking a missing key takes a gap lock on
-        # MariaDB, and two instances registering the same new jobs at once would deadlock.
+        # New jobs are inserted first, as they are (a row another instance inserted meanwhile
+        # is left alone): then every row exists and is locked before anything is decided, so
+        # two instances starting together decide one after the other. Locking a missing key
+        # would take a gap lock on MariaDB, and two such registrations would deadlock.
         async with db.read() as conn:
-            known = sorted(
+            known = set(
                 (
                     await conn.execute(
                         select(jobs.c.name).where(jobs.c.name.in_([row.name for row in chunk]))
                     )
                 ).scalars()
             )
+        new = [
+            _values(row, Registered(), {}, now=now, instance_id=instance_id, version=version)
+            for row in chunk
+            if row.name not in known
+        ]
+        if new:
+            async with db.transaction() as conn:
+                await conn.execute(db.dialect.upsert(jobs, new, keys=["name"], update=["name"]))
         async with db.transaction() as conn:
             found = await conn.execute(
                 select(
@@ -97,7 +107,7 @@ async def register_jobs(
                     jobs.c.fingerprint,
                     jobs.c.superseded,
                 )
-                .where(jobs.c.name.in_(known))
+                .where(jobs.c.name.in_(sorted(row.name for row in chunk)))
                 .order_by(jobs.c.name)
                 .with_for_update()
             )

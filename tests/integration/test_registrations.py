@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 import app.service
 from app import JobContext
@@ -17,7 +18,7 @@ from app.store import claims as claim_store
 from app.store.database import Database
 from app.store.operations import list_jobs
 from app.store.registrations import JobRow, register_jobs
-from app.store.tables import executions
+from app.store.tables import executions, jobs
 from tests.conftest import ServiceFactory, wait_for
 
 T0 = datetime(2026, 11, 22, 0, 0, 0, 500_000, tzinfo=UTC)
@@ -151,3 +152,37 @@ async def test_the_same_text_read_with_other_time_zone_data_is_another_schedule(
         await claim(old.fingerprints["report"])
     claimed = await claim(new.fingerprints["report"])
     assert claimed.status == "RUNNING"
+
+
+async def test_instances_registering_the_same_new_jobs_at_once_share_one_schedule_in_force(
+    db: Database,
+) -> None:
+    """Two instances starting together on an empty database, each with its own clock: neither
+    supersedes the other (the second decides under the lock, finding the first one's row)."""
+    names = [f"job-{i}" for i in range(20)]
+
+    def rows(now: datetime) -> list[JobRow]:
+        every_minute = shared("* * * * *", "UTC")
+        return [
+            JobRow(
+                name=name,
+                kind="cron",
+                schedule="* * * * *",
+                timezone="UTC",
+                options={},
+                first_slot=every_minute.next_after(now),
+                slots=every_minute,
+            )
+            for name in names
+        ]
+
+    for attempt in range(5):
+        a_now, b_now = T0 + timedelta(hours=attempt), T0 + timedelta(hours=attempt, seconds=1)
+        a, b = await asyncio.gather(
+            register_jobs(db, rows(a_now), now=a_now, instance_id="a", version="1"),
+            register_jobs(db, rows(b_now), now=b_now, instance_id="b", version="1"),
+        )
+        assert a.took_over == b.took_over == set()
+        assert a.fingerprints == b.fingerprints
+        async with db.transaction() as conn:  # the next attempt starts from no rows again
+            await conn.execute(delete(jobs))
