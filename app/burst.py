@@ -163,6 +163,13 @@ class Burst:
         instance further behind, and leave more gaps at the next slot."""
         try:
             now = self.clock.now()
+            # Slots older than catchup_window first, one range per job (issue 12, item 4).
+            passed = [
+                (job, p)
+                for job, slot in batch
+                if (p := self.firing.passed_over(job, expected[job.name], slot, now))
+            ]
+            await self.firing.pass_over(passed, now)
             missed = [
                 (
                     job,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from app import alerts, tracing
-from app.errors import RowBusy, SlotTaken
+from app.errors import RowBusy, SlotTaken, Superseded
 from app.logs import run_fields
 from app.outage import DB_ERRORS, Backoff
 from app.registry import Job
@@ -24,6 +24,7 @@ from app.store import batch as batch_store
 from app.store import claims as claim_store
 from app.store.batch import Decided, Due
 from app.store.claims import Claim
+from app.supersession import Supersession
 
 log = logging.getLogger("slotcron.claims")
 
@@ -58,6 +59,9 @@ class Claimer:
         self.default_lease = default_lease
         self.stats = ClaimStats()
         self.closing = False
+        self.supersession: Supersession | None = None
+        """Set by the service: the fingerprint each claim presents, and what to do when a
+        claim is refused because a newer registration changed the job's schedule."""
 
     async def claim(
         self,
@@ -96,7 +100,13 @@ class Claimer:
                     following=following,
                     missed_reason=missed_reason,
                     check_gap=check_gap,
+                    fingerprint=self.fingerprint(job.name),
                 )
+            except Superseded:
+                self.outage.recovered()
+                if self.supersession is not None:
+                    await self.supersession.refused([job.name])
+                return None
             except SlotTaken:
                 self.outage.recovered()
                 self.stats.taken += 1
@@ -148,7 +158,11 @@ class Claimer:
             sent = self.clock.monotonic()
             try:
                 decided = await batch_store.claim_many(
-                    self.db, pending, instance_id=self.instance_id, now=self.clock.now()
+                    self.db,
+                    pending,
+                    instance_id=self.instance_id,
+                    now=self.clock.now(),
+                    fingerprints=self.supersession.fingerprints if self.supersession else None,
                 )
             except RowBusy:  # SQLite: another process is writing
                 self.outage.recovered()
@@ -161,6 +175,8 @@ class Claimer:
                 await backoff.wait()
                 continue
             self.outage.recovered()
+            if decided.superseded and self.supersession is not None:
+                await self.supersession.refused(decided.superseded)
             self.stats.batches += 1
             self.stats.claims += len(decided.claims)
             self.stats.taken += len(decided.taken)
@@ -191,6 +207,10 @@ class Claimer:
             pending = open_
         result.held = pending
         return result
+
+    def fingerprint(self, job_name: str) -> str | None:
+        """The schedule fingerprint this instance's claims of the job present (None: none)."""
+        return self.supersession.fingerprints.get(job_name) if self.supersession else None
 
     def _recorded(self, claim: Claim) -> None:
         tracing.claimed(claim)

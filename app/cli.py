@@ -312,7 +312,7 @@ def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
             (
                 str(r.id),
                 r.job,
-                iso(r.scheduled_at) or "",
+                (iso(r.scheduled_at) or "") + (f" .. {iso(r.until)}" if r.until else ""),
                 r.trigger,
                 r.status,
                 str(r.attempt),
@@ -406,6 +406,7 @@ def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
             "LAST",
             "LAST SLOT (UTC)",
             "DRIFT",
+            "SUPERSEDED",
         ),
         [
             (
@@ -417,6 +418,7 @@ def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
                 r.last_status or "",
                 iso(r.last_slot) or "",
                 "; ".join(f"{v}: {sched}" for v, sched in sorted(r.drift.items())),
+                "; ".join(f"{i}: {sched}" for i, sched in sorted(r.superseded.items())),
             )
             for r in records
         ],

@@ -43,6 +43,11 @@ class SlotTaken(SlotcronError):
     """A lost race: another claimer already holds this slot. An expected outcome, not a failure."""
 
 
+class Superseded(SlotcronError):
+    """This instance's schedule of a job is no longer the one in force: a newer registration
+    changed it. Its claims of the job are refused (issue 12, item 5)."""
+
+
 class RowBusy(SlotcronError):
     """The job's row is locked by another claimer right now (the NOWAIT lock was not granted)."""
 

@@ -4,7 +4,8 @@ Every claim and run task is spawned here, so shutdown's phase 1 (:meth:`Firing.s
 finds every claim under way: they are short and finish, so no slot is left half-decided; runs
 go on. Late slots are decided by the job's misfire policy (:mod:`app.misfire`) before any newer
 slot of the job is claimed: a newer slot claimed first would close them (the high-water mark)
-unrecorded.
+unrecorded. Slots older than ``catchup_window`` are recorded first of all, as one ``MISSED``
+execution per passed-over range (:meth:`Firing.pass_over`).
 """
 
 from __future__ import annotations
@@ -13,23 +14,28 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from app import misfire
-from app.claims import Claimer
+from app import alerts, misfire
+from app.claims import BUSY_DEADLINE, Claimer
 from app.clock import Clock
 from app.errors import SlotsUndecided
-from app.outage import DB_ERRORS
+from app.logs import run_fields
+from app.outage import DB_ERRORS, Backoff
 from app.permits import Permits
 from app.registry import Job
 from app.runner import Runner
 from app.slots import Schedule
 from app.status import Status, Trigger
+from app.store import passed_over as passed_store
 from app.store import runs as run_store
 from app.store.claims import Claim
 
 log = logging.getLogger("slotcron.scheduler")
+
+SUMMED_UP = 5
+"""Passed-over ranges recorded together past which one WARNING line sums them up."""
 
 
 class Firing:
@@ -101,6 +107,7 @@ class Firing:
                 expected: datetime = gap.expected  # type: ignore[assignment]
                 now = self.clock.now()
                 late = misfire.undecided_before(job, schedule, expected, slot, now)
+                passed = self.passed_over(job, expected, slot, now)
                 log.warning(
                     "%s: %d slots from %s were never claimed (no live instance or no database); "
                     "applying misfire=%r",
@@ -109,7 +116,7 @@ class Firing:
                     gap.expected,
                     job.misfire,
                 )
-                await self.decide_late(job, late, now)
+                await self.decide_late(job, late, now, passed)
                 claim = await self.claim(
                     job, slot, trigger=job.trigger, check_gap=False, give_up_at=give_up_at
                 )
@@ -193,9 +200,13 @@ class Firing:
         job = self.jobs.get(name)
         if job is None or self.claimer.closing:
             return False
+        if self.superseded(name):
+            return True  # another schedule is in force: its instances decide its slots
         now = self.clock.now()
-        late, _ = misfire.late_slots(job, self.schedules[name], expected, now)
-        if late:
+        schedule = self.schedules[name]
+        late, _ = misfire.late_slots(job, schedule, expected, now)
+        passed = misfire.passed_over(job, schedule, expected, now)
+        if late or passed:
             log.warning(
                 "%s: deciding %d overdue slots from %s (misfire=%r)",
                 name,
@@ -203,25 +214,156 @@ class Firing:
                 expected.isoformat(),
                 job.misfire,
             )
-            self.spawn(self._reconcile(job, late, now), job)
+            self.spawn(self._reconcile(job, late, now, passed), job)
         return True
 
-    async def _reconcile(self, job: Job, late: list[datetime], now: datetime) -> None:
+    async def _reconcile(
+        self, job: Job, late: list[datetime], now: datetime, passed: misfire.PassedOver | None
+    ) -> None:
         async with self.permits.one():
-            await self.decide_late(job, late, now)
+            await self.decide_late(job, late, now, passed)
 
     async def misfire_then(
-        self, job: Job, late: list[datetime], now: datetime, resume: Callable[[], None]
+        self,
+        job: Job,
+        late: list[datetime],
+        now: datetime,
+        resume: Callable[[], None],
+        passed: misfire.PassedOver | None = None,
     ) -> None:
-        """Account for slots this instance reached too late, then ``resume`` normal firing."""
+        """Account for slots this instance reached too late (``passed`` over, then ``late``),
+        then ``resume`` normal firing."""
         try:
             async with self.permits.one():
-                await self.decide_late(job, late, now)
+                await self.decide_late(job, late, now, passed)
         finally:
             resume()
 
-    async def decide_late(self, job: Job, late: list[datetime], now: datetime) -> None:
-        """Decide ``late`` slots in order by the job's misfire policy (:func:`misfire.decide`)."""
+    async def pass_over_then(
+        self,
+        ranges: list[tuple[Job, misfire.PassedOver]],
+        now: datetime,
+        then: Coroutine[Any, Any, None],
+    ) -> None:
+        """Record ``ranges`` (:meth:`pass_over`), then await ``then`` (which decides the later
+        slots of their jobs), whatever became of the ranges."""
+        try:
+            await self.pass_over(ranges, now)
+        finally:
+            await then
+
+    async def pass_over(self, ranges: list[tuple[Job, misfire.PassedOver]], now: datetime) -> None:
+        """Record each passed-over range as one ``MISSED`` execution, before any later slot of
+        its job is decided (a later slot decided first would close the range unrecorded).
+
+        A range found decided in part (another instance back from the same outage, whose
+        window edge came later, recorded a longer range or its first late slots) is recorded
+        from the slot after what was decided, to its end: no slot is left out, none is on the
+        record twice. A database outage is waited out up to :data:`BUSY_DEADLINE`."""
+        todo = {job.name: (job, passed) for job, passed in ranges}
+        deadline = self.clock.now() + timedelta(seconds=BUSY_DEADLINE)
+        backoff = Backoff(jitter=0.5)
+        while todo and not self.claimer.closing:
+            try:
+                outcomes = await passed_store.record(
+                    self.claimer.db,
+                    [self._range(job, passed) for job, passed in todo.values()],
+                    instance_id=self.claimer.instance_id,
+                    now=self.clock.now(),
+                )
+            except DB_ERRORS as exc:
+                self.claimer.outage.failed(exc, f"recording {len(todo)} passed-over ranges")
+                if self.clock.now() > deadline:
+                    log.warning("gave up recording passed-over slots of %s", ", ".join(todo))
+                    return
+                await backoff.wait()
+                continue
+            self.claimer.outage.recovered()
+            rest: dict[str, tuple[Job, misfire.PassedOver]] = {}
+            refused = [name for name, outcome in outcomes.items() if outcome.superseded]
+            if refused and self.claimer.supersession is not None:
+                await self.claimer.supersession.refused(refused)
+            recorded = [name for name, outcome in outcomes.items() if outcome.execution_id]
+            if len(recorded) > SUMMED_UP:
+                log.warning(
+                    "%d jobs had slots older than their catchup_window: each range recorded "
+                    "MISSED as one execution (%s, ...)",
+                    len(recorded),
+                    ", ".join(recorded[:SUMMED_UP]),
+                )
+            for name, outcome in outcomes.items():
+                job, passed = todo[name]
+                if outcome.execution_id is not None:
+                    self._passed_over(job, passed, outcome.execution_id, len(recorded))
+                elif outcome.high_water is not None and outcome.high_water < passed.last:
+                    schedule = self.schedules[name]
+                    first = schedule.next_after(outcome.high_water)
+                    rest[name] = (job, misfire.passed_over_range(job, schedule, first, passed.last))
+            todo = rest
+
+    def superseded(self, name: str) -> bool:
+        """Whether a newer registration's schedule of the job is in force: not ours to fire."""
+        supersession = self.claimer.supersession
+        return supersession is not None and name in supersession.superseded
+
+    def passed_over(
+        self, job: Job, expected: datetime, slot: datetime, now: datetime
+    ) -> misfire.PassedOver | None:
+        """The range of a gap (slots from ``expected`` before ``slot``) older than
+        ``catchup_window``, to record before the gap's later slots."""
+        return misfire.passed_over(job, self.schedules[job.name], expected, now, before=slot)
+
+    def _range(self, job: Job, passed: misfire.PassedOver) -> passed_store.Range:
+        return passed_store.Range(
+            job_name=job.name,
+            first=passed.first,
+            last=passed.last,
+            following=self.schedules[job.name].next_after(passed.last),
+            trigger=job.trigger,
+            reason=passed.reason,
+            fingerprint=self.claimer.fingerprint(job.name),
+        )
+
+    def _passed_over(
+        self, job: Job, passed: misfire.PassedOver, execution_id: int, together: int
+    ) -> None:
+        """Log, count and alert a recorded range, as the claimer does a slot recorded MISSED
+        (one WARNING each, unless many were recorded ``together``: then summed up)."""
+        instance_id = self.claimer.instance_id
+        log.log(
+            logging.WARNING if together <= SUMMED_UP else logging.DEBUG,
+            "%s: %s; recorded MISSED as execution %d",
+            job.name,
+            passed.reason,
+            execution_id,
+            extra=run_fields(job.name, passed.first, execution_id, instance_id, Status.MISSED),
+        )
+        self.claimer.metrics.slot_recorded(job.name, Status.MISSED)
+        alerts.of(instance_id).not_run(
+            Claim(
+                execution_id=execution_id,
+                job_name=job.name,
+                scheduled_at=passed.first,
+                trigger=job.trigger,
+                status=Status.MISSED,
+                attempt=1,
+                lease_until=None,
+                lease_ms=None,
+                reason=passed.reason,
+            )
+        )
+
+    async def decide_late(
+        self,
+        job: Job,
+        late: list[datetime],
+        now: datetime,
+        passed: misfire.PassedOver | None = None,
+    ) -> None:
+        """Record the ``passed``-over range, then decide ``late`` slots in order by the job's
+        misfire policy (:func:`misfire.decide`)."""
+        if passed is not None:
+            await self.pass_over([(job, passed)], now)
         for verdict in misfire.decide(job, late):
             if not verdict.run:
                 await self.claim(

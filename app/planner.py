@@ -125,19 +125,25 @@ class Planner:
             due: list[tuple[Job, datetime]] = []
             at_slot: list[tuple[Job, datetime]] = []
             missed: list[tuple[Job, list[datetime], datetime]] = []
+            passed_over: list[tuple[Job, misfire.PassedOver]] = []  # of the `missed` jobs
             following: list[tuple[Job, datetime]] = []  # pushed after the sweep: once per job
             while self._heap and self._heap[0][0] <= horizon:
                 slot, job = self._pop()
+                if firing.superseded(job.name):
+                    continue  # a newer registration's schedule is in force: fired no more here
                 schedule = self._schedules[job.name]
                 if misfire.is_late(schedule, slot, now):
                     late, resume = misfire.late_slots(job, schedule, slot, now)
+                    passed = misfire.passed_over(job, schedule, slot, now)
                     # The job re-enters the heap only once its late slots are decided: a newer
                     # slot claimed first would close them (the high-water mark) unrecorded.
                     if job.misfire == "skip":
                         missed.append((job, late, resume))
+                        if passed is not None:
+                            passed_over.append((job, passed))
                     else:
                         back = functools.partial(self._push_and_wake, job, resume)
-                        firing.spawn(firing.misfire_then(job, late, now, back), job)
+                        firing.spawn(firing.misfire_then(job, late, now, back, passed), job)
                 else:
                     after = schedule.next_after(slot)
                     following.append((job, after))
@@ -154,4 +160,6 @@ class Planner:
             elif due:
                 firing.spawn(self.burst.fire_together(due), None)
             if missed:
-                firing.spawn(self.burst.miss_together(missed, now, self._push_and_wake), None)
+                together = self.burst.miss_together(missed, now, self._push_and_wake)
+                # Passed-over ranges first: their jobs' late slots would close them unrecorded.
+                firing.spawn(firing.pass_over_then(passed_over, now, together), None)

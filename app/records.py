@@ -59,6 +59,7 @@ def execution_json(record: ExecutionRecord) -> dict[str, Any]:
         "error": record.error,
         "params": record.params,
         "state": record.state,
+        "until": iso(record.until),
     }
 
 
@@ -77,6 +78,7 @@ def job_json(record: JobRecord) -> dict[str, Any]:
         "registered_by": record.registered_by,
         "version": record.version,
         "drift": record.drift,
+        "superseded": record.superseded,
     }
 
 

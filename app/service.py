@@ -44,6 +44,7 @@ from app.store import lifeline, migrate, registrations
 from app.store import runs as run_store
 from app.store.database import Database
 from app.store.registrations import JobRow
+from app.supersession import Supersession
 from app.version import __version__
 from app.watchdog import Watchdog
 
@@ -84,6 +85,15 @@ class Service:
             job.name: job.schedule(settings.timezone) for job in self.jobs
         }
         self.claimer = Claimer(shared, default_lease=settings.lease_seconds)
+        self.supersession = self.claimer.supersession = Supersession(
+            self.db,
+            self.instance_id,
+            {
+                job.name: f"{self.schedules[job.name].describe()} "
+                f"({job.timezone or settings.timezone})"
+                for job in self.jobs
+            },
+        )
         self.outcomes = Outcomes(shared)
         self.runner = Runner(
             shared,
@@ -241,22 +251,29 @@ class Service:
                 timezone=job.timezone or self.settings.timezone,
                 options=job.options(),
                 first_slot=self.schedules[job.name].next_after(now),
+                slots=self.schedules[job.name],
             )
             for job in self.jobs
         ]
-        stored = await registrations.register_jobs(
+        registered = await registrations.register_jobs(
             self.db, rows, now=now, instance_id=self.instance_id, version=__version__
         )
+        self.supersession.registered(registered.fingerprints)
         for row in rows:
-            prior = stored.get(row.name)
+            prior = registered.stored.get(row.name)
             # A new job expects the slot computed when it was registered, so a second boundary
-            # passing before the planner starts is fired, not recorded MISSED.
-            self.expected[row.name] = prior.next_slot_at if prior else row.first_slot
-            if prior and (prior.schedule, prior.timezone) != (row.schedule, row.timezone):
-                # Two versions may disagree during a blue/green overlap: slots are claimed by
-                # time, so this cannot double a run, but it should be seen.
+            # passing before the planner starts is fired, not recorded MISSED. So does a job
+            # whose schedule this registration changed: nothing of the old schedule is owed.
+            took_over = row.name in registered.took_over
+            self.expected[row.name] = (
+                prior.next_slot_at if prior and not took_over else row.first_slot
+            )
+            if took_over and prior is not None:
+                # The newest registration wins: instances still running the old schedule are
+                # refused their claims of this job from now on (app.supersession).
                 log.warning(
-                    "schedule drift for %s: %s (%s) here, %s (%s) registered by %s (version %s)",
+                    "schedule of %s changed: %s (%s) here takes over the cluster from %s (%s) "
+                    "registered by %s (version %s)",
                     row.name,
                     row.schedule,
                     row.timezone,

@@ -46,6 +46,7 @@ HISTORY_FIELDS = {
     "error",
     "params",
     "state",
+    "until",
 }
 PASSWORD = "hunter2"
 
@@ -379,6 +380,7 @@ def test_history_json_lists_every_contract_field_newest_first_in_utc(
         for key in ("scheduled_at", "started_at", "finished_at"):
             if record[key] is not None:
                 parse_utc(record[key])
+        assert record["until"] is None, "only a passed-over range has an until"
     slots = [parse_utc(r["scheduled_at"]) for r in records]
     assert slots == sorted(slots, reverse=True), "history is not newest first"
     failed = [r for r in records if r["job"] == "boom" and r["status"] == "FAILED"]

@@ -8,6 +8,7 @@ round trips do not grow with the batch. Rows another claimer holds are skipped
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -72,6 +73,7 @@ def _batch(dialect: Dialect, server_clock: bool = False) -> _Batch:
             jobs.c.last_slot_at,
             jobs.c.next_slot_at,
             jobs.c.fencing_token,
+            jobs.c.fingerprint,
         )
         .where(names)
         .with_for_update(skip_locked=True),
@@ -131,9 +133,19 @@ class Decided:
     """Slots before this one were never decided: for the misfire path first."""
     expected: dict[str, datetime] = field(default_factory=dict)
     """Of each ``undecided`` job, the first slot never decided."""
+    superseded: set[str] = field(default_factory=set)
+    """Jobs whose schedule in force is not the claimer's (also in ``taken``: not decided here,
+    ever, until this instance registers them again)."""
 
 
-async def claim_many(db: Database, items: list[Due], *, instance_id: str, now: datetime) -> Decided:
+async def claim_many(
+    db: Database,
+    items: list[Due],
+    *,
+    instance_id: str,
+    now: datetime,
+    fingerprints: Mapping[str, str] | None = None,
+) -> Decided:
     """Decide every item's slot by the rules of the single claim, in one transaction.
 
     Round trips do not grow with the batch: lock the rows (skipping held ones), read the live
@@ -151,7 +163,7 @@ async def claim_many(db: Database, items: list[Due], *, instance_id: str, now: d
         async with db.transaction(nowait=True) as conn:
             locked = await _lock(conn, sql, by_name, decided)
             holders = await _holders(conn, sql, locked, by_name, now)
-            plan = _judge_all(locked, by_name, holders, now, decided)
+            plan = _judge_all(locked, by_name, holders, now, decided, fingerprints or {})
             ids, tokens = await _write(conn, sql, plan, instance_id, now)
     except IntegrityError:
         # Only a claimer that skipped our locks could collide: let each job retry on its own.
@@ -211,6 +223,7 @@ def _judge_all(
     holders: dict[str, Any],
     now: datetime,
     decided: Decided,
+    fingerprints: Mapping[str, str],
 ) -> _Plan:
     plan = _Plan()
     for name, row in locked.items():
@@ -223,7 +236,12 @@ def _judge_all(
             missed_reason=item.missed_reason,
             holder=holders.get(name),
             may_defer=True,
+            fingerprint=fingerprints.get(name),
         )
+        if verdict.fate is Fate.SUPERSEDED:
+            decided.superseded.add(name)
+            decided.taken.add(name)
+            continue
         if verdict.fate is Fate.TAKEN:
             decided.taken.add(name)
             continue

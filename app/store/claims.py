@@ -27,7 +27,7 @@ from sqlalchemy import BigInteger, bindparam, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.errors import RowBusy, SlotsUndecided, SlotTaken
+from app.errors import RowBusy, SlotsUndecided, SlotTaken, Superseded
 from app.status import Status
 from app.store.database import Database, now_in_sql
 from app.store.dialects import Dialect
@@ -41,6 +41,7 @@ _LOCK_JOB = (
         jobs.c.last_slot_at,
         jobs.c.next_slot_at,
         jobs.c.fencing_token,
+        jobs.c.fingerprint,
     )
     .where(jobs.c.name == bindparam("p_job"))
     .with_for_update(nowait=True)
@@ -81,6 +82,8 @@ class Fate(Enum):
 
     TAKEN = "taken"
     """Already decided by someone else: the slot is closed."""
+    SUPERSEDED = "superseded"
+    """The claimer's schedule is not the one in force: a newer registration changed it."""
     UNDECIDED = "undecided"
     """Earlier slots of the job were never decided: they go to the misfire path first."""
     DEFERRED = "deferred"
@@ -107,10 +110,15 @@ def judge(
     missed_reason: str | None,
     holder: Any,
     may_defer: bool,
+    fingerprint: str | None = None,
 ) -> Verdict:
     """The claim rules, once for every path: ``row`` is the job's locked row (``paused``,
-    ``paused_reason``, ``last_slot_at``, ``next_slot_at``), ``holder`` the run holding the
-    job's lease (``forbid`` jobs only; None if none)."""
+    ``paused_reason``, ``last_slot_at``, ``next_slot_at``, and ``fingerprint`` when the
+    claimer presents one), ``holder`` the run holding the job's lease (``forbid`` jobs only;
+    None if none). A claimer presenting another ``fingerprint`` than the row's was superseded
+    by a newer registration: refused, whatever the slot (issue 12, item 5)."""
+    if fingerprint is not None and row.fingerprint not in (None, fingerprint):
+        return Verdict(Fate.SUPERSEDED)
     if row.last_slot_at is not None and row.last_slot_at >= slot:
         return Verdict(Fate.TAKEN)
     if check_gap and row.next_slot_at is not None and row.next_slot_at < slot:
@@ -182,6 +190,7 @@ async def claim_slot(
     following: datetime,
     missed_reason: str | None = None,
     check_gap: bool = True,
+    fingerprint: str | None = None,
 ) -> Claim:
     """Claim ``slot`` of ``job_name``, or record why it does not run.
 
@@ -189,7 +198,8 @@ async def claim_slot(
     With ``missed_reason`` the slot is recorded ``MISSED`` instead of run. Raises
     :class:`SlotTaken` when the slot is already closed (someone claimed it),
     :class:`RowBusy` when another claimer holds the job's row right now, and (with
-    ``check_gap``) :class:`SlotsUndecided` when slots before this one were never decided.
+    ``check_gap``) :class:`SlotsUndecided` when slots before this one were never decided, and
+    :class:`Superseded` when ``fingerprint`` is not the schedule in force.
     """
     try:
         async with db.transaction(nowait=True) as conn:
@@ -204,10 +214,13 @@ async def claim_slot(
                 check_gap=check_gap,
                 missed_reason=missed_reason,
                 may_defer=False,
+                fingerprint=fingerprint,
             )
             verdict = rules(holder=None)
             if verdict.fate is Fate.RUN and forbid_overlap:  # only then is the lease read
                 verdict = rules(holder=await lease_holder(db, conn, job_name, now))
+            if verdict.fate is Fate.SUPERSEDED:
+                raise Superseded(job_name)
             if verdict.fate is Fate.TAKEN:
                 raise SlotTaken(f"{job_name} @ {slot.isoformat()}")
             if verdict.fate is Fate.UNDECIDED:

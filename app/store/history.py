@@ -28,6 +28,9 @@ class ExecutionRecord:
     error: str | None
     params: dict[str, Any]
     state: dict[str, Any]
+    until: datetime | None = None
+    """The last slot of a ``MISSED`` record that stands for a passed-over range (its
+    ``scheduled_at`` is the first); None on every other record."""
 
     @property
     def duration_ms(self) -> int | None:
@@ -89,4 +92,5 @@ def execution_record(r: RowMapping) -> ExecutionRecord:
         error=r["error"],
         params=r["params"] or {},
         state=r["state"] or {},
+        until=r.get("until"),
     )

@@ -6,7 +6,7 @@ a paused flag); none needs to reach an instance directly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -193,21 +193,25 @@ class JobRecord:
     registered_by: str | None
     version: str | None
     drift: dict[str, str]
+    superseded: dict[str, str] = field(default_factory=dict)
+    """Live instances that stopped firing the job because a newer registration changed its
+    schedule: ``{instance_id: "schedule (timezone)"}`` of the schedule each still runs."""
 
 
 async def list_jobs(db: Database, *, now: datetime, live_within: float) -> list[JobRecord]:
     """Every job the database knows, with its latest execution's status, and ``drift``: the
     schedule each live version registered, when live versions disagree (else empty)."""
     async with db.read() as conn:
-        live_versions = {
-            r.version
+        live = {
+            r.instance_id: r.version
             for r in await conn.execute(
-                select(instances.c.version).where(
+                select(instances.c.instance_id, instances.c.version).where(
                     instances.c.state != "stopped",
                     instances.c.heartbeat_at >= now - timedelta(seconds=live_within),
                 )
             )
         }
+    live_versions = set(live.values())
     latest = (
         select(executions.c.job_name, func.max(executions.c.id).label("id"))
         .where(executions.c.status.not_in(("QUEUED",)))
@@ -245,6 +249,7 @@ async def list_jobs(db: Database, *, now: datetime, live_within: float) -> list[
             registered_by=r.updated_by,
             version=r.version,
             drift=_drift(r.schedules or {}, live_versions),
+            superseded={k: v for k, v in (r.superseded or {}).items() if k in live},
         )
         for r in rows
     ]

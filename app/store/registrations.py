@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select, update
 
+from app.fingerprint import fingerprint, same_schedule
+from app.slots import Schedule
 from app.store import leadership
 from app.store.database import Database
 from app.store.tables import instances, jobs
@@ -25,6 +27,8 @@ class StoredJob:
     updated_by: str | None
     version: str | None
     schedules: dict[str, str]
+    fingerprint: str | None = None
+    """The schedule in force before this registration (:mod:`app.fingerprint`)."""
 
 
 @dataclass(frozen=True)
@@ -35,21 +39,61 @@ class JobRow:
     timezone: str
     options: dict[str, Any]
     first_slot: datetime | None = None
+    slots: Schedule | None = None
+    """The job's slots as this instance computes them: what its fingerprint is computed from.
+    None registers no fingerprint (the schedule in force stays as it is)."""
+
+
+@dataclass
+class Registered:
+    """What a registration found and left: ``stored`` is each known job's row before it;
+    ``fingerprints`` the schedule in force after it, as this instance computes it (what its
+    claims present); ``took_over`` the jobs whose schedule in force this registration
+    replaced with a different one (the newest registration wins)."""
+
+    stored: dict[str, StoredJob] = field(default_factory=dict)
+    fingerprints: dict[str, str] = field(default_factory=dict)
+    took_over: set[str] = field(default_factory=set)
 
 
 async def register_jobs(
     db: Database, rows: Sequence[JobRow], *, now: datetime, instance_id: str, version: str
-) -> dict[str, StoredJob]:
-    """Insert new job rows and refresh the definition of known ones; return what the cluster
-    had stored for each before (schedule and the slot it expects next).
+) -> Registered:
+    """Insert new job rows and refresh the definition of known ones, under their row locks.
 
-    Never touches ``paused``, ``last_slot_at`` or ``next_slot_at``: those belong to the
-    cluster, not to whichever instance started last.
+    The newest registration wins: a job whose schedule places its slots other than where the
+    schedule in force does (compared by instants, :func:`app.fingerprint.same_schedule`) takes
+    over at once, with a new fingerprint, and expects its own next slot; instances still
+    presenting the old fingerprint are refused their claims from this commit on. A schedule
+    that places its slots alike keeps the fingerprint in force.
+
+    Never touches ``paused`` or ``last_slot_at``, nor ``next_slot_at`` unless the schedule
+    changed: those belong to the cluster, not to whichever instance started last.
     """
-    stored: dict[str, StoredJob] = {}
-    names = [row.name for row in rows]
-    for start in range(0, len(names), _CHUNK):
+    registered = Registered()
+    for start in range(0, len(rows), _CHUNK):
+        chunk = rows[start : start + _CHUNK]
+        # New jobs are inserted first, as they are (a row another instance inserted meanwhile
+        # is left alone): then every row exists and is locked before anything is decided, so
+        # two instances starting together decide one after the other. Locking a missing key
+        # would take a gap lock on MariaDB, and two such registrations would deadlock.
         async with db.read() as conn:
+            known = set(
+                (
+                    await conn.execute(
+                        select(jobs.c.name).where(jobs.c.name.in_([row.name for row in chunk]))
+                    )
+                ).scalars()
+            )
+        new = [
+            _values(row, Registered(), {}, now=now, instance_id=instance_id, version=version)
+            for row in chunk
+            if row.name not in known
+        ]
+        if new:
+            async with db.transaction() as conn:
+                await conn.execute(db.dialect.upsert(jobs, new, keys=["name"], update=["name"]))
+        async with db.transaction() as conn:
             found = await conn.execute(
                 select(
                     jobs.c.name,
@@ -60,10 +104,16 @@ async def register_jobs(
                     jobs.c.updated_by,
                     jobs.c.version,
                     jobs.c.schedules,
-                ).where(jobs.c.name.in_(names[start : start + _CHUNK]))
+                    jobs.c.fingerprint,
+                    jobs.c.superseded,
+                )
+                .where(jobs.c.name.in_(sorted(row.name for row in chunk)))
+                .order_by(jobs.c.name)
+                .with_for_update()
             )
+            superseded: dict[str, dict[str, str]] = {}
             for r in found:
-                stored[r.name] = StoredJob(
+                registered.stored[r.name] = StoredJob(
                     r.kind,
                     r.schedule,
                     r.timezone,
@@ -71,47 +121,82 @@ async def register_jobs(
                     r.updated_by,
                     r.version,
                     dict(r.schedules or {}),
+                    r.fingerprint,
                 )
-    for start in range(0, len(rows), _CHUNK):
-        values = [
-            {
-                "name": row.name,
-                "kind": row.kind,
-                "schedule": row.schedule,
-                "timezone": row.timezone,
-                "options": row.options,
-                "paused": False,
-                "last_slot_at": None,
-                "next_slot_at": row.first_slot,
-                "registered_at": now,
-                "updated_at": now,
-                "updated_by": instance_id,
-                "version": version,
-                "schedules": {
-                    **(stored[row.name].schedules if row.name in stored else {}),
-                    version: f"{row.schedule} ({row.timezone})",
-                },
-            }
-            for row in rows[start : start + _CHUNK]
-        ]
-        stmt = db.dialect.upsert(
-            jobs,
-            values,
-            keys=["name"],
-            update=[
-                "kind",
-                "schedule",
-                "timezone",
-                "options",
-                "updated_at",
-                "updated_by",
-                "version",
-                "schedules",
-            ],
-        )
-        async with db.transaction() as conn:
+                # Registering again ends this instance's supersession.
+                superseded[r.name] = {
+                    k: v for k, v in (r.superseded or {}).items() if k != instance_id
+                }
+            values = [
+                _values(
+                    row, registered, superseded, now=now, instance_id=instance_id, version=version
+                )
+                for row in chunk
+            ]
+            stmt = db.dialect.upsert(
+                jobs,
+                values,
+                keys=["name"],
+                update=[
+                    "kind",
+                    "schedule",
+                    "timezone",
+                    "options",
+                    "updated_at",
+                    "updated_by",
+                    "version",
+                    "schedules",
+                    "next_slot_at",
+                    "fingerprint",
+                    "superseded",
+                ],
+            )
             await conn.execute(stmt)
-    return stored
+    return registered
+
+
+def _values(
+    row: JobRow,
+    registered: Registered,
+    superseded: dict[str, dict[str, str]],
+    *,
+    now: datetime,
+    instance_id: str,
+    version: str,
+) -> dict[str, Any]:
+    """The row to upsert, deciding (under the row lock) whether this schedule takes over."""
+    prior = registered.stored.get(row.name)
+    in_force = prior.fingerprint if prior else None
+    next_slot_at = prior.next_slot_at if prior else row.first_slot
+    if row.slots is not None:
+        if in_force is None:  # a new job, or one registered before fingerprints
+            in_force = fingerprint(row.slots, now)
+        elif not same_schedule(row.slots, in_force):
+            registered.took_over.add(row.name)
+            # The new schedule's slots from now on: none of the old one is owed.
+            next_slot_at = row.first_slot
+            in_force = fingerprint(row.slots, now)
+        registered.fingerprints[row.name] = in_force
+    return {
+        "name": row.name,
+        "kind": row.kind,
+        "schedule": row.schedule,
+        "timezone": row.timezone,
+        "options": row.options,
+        "paused": False,
+        "last_slot_at": None,
+        "next_slot_at": next_slot_at,
+        "registered_at": now,
+        "updated_at": now,
+        "updated_by": instance_id,
+        "version": version,
+        "schedules": {
+            **(prior.schedules if prior else {}),
+            version: f"{row.schedule} ({row.timezone})",
+        },
+        "fingerprint": in_force,
+        "superseded": superseded.get(row.name, {}),
+    }
 
 
 async def register_instance(

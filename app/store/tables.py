@@ -83,6 +83,11 @@ jobs = Table(
     Column("schedules", JSON, nullable=True),
     # The last fencing token a run of this job took (migration 0003).
     Column("fencing_token", BigInteger, nullable=False, server_default="0", default=0),
+    # The schedule in force: its registrant's anchor and hash of slot instants (migration 0005,
+    # app.fingerprint). A claimer whose own fingerprint differs was superseded: refused.
+    Column("fingerprint", String(80), nullable=True),
+    # {instance_id: "schedule (timezone)"}: instances that stopped firing the job, superseded.
+    Column("superseded", JSON, nullable=True),
     Index("ix_scheduler_jobs_next_slot", "next_slot_at"),
 )
 

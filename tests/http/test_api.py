@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -10,8 +11,8 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from app import JobContext
-from app.records import execution_json, job_json
+from app import JobContext, misfire
+from app.records import execution_json, iso, job_json
 from app.registry import Registry, cron, every
 from app.store.database import Database
 from app.store.history import list_executions
@@ -134,6 +135,33 @@ WRITES = [
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_a_passed_over_range_reads_back_with_its_until_and_other_records_with_null(
+    db: Database, serve: Any, client: aiohttp.ClientSession
+) -> None:
+    service = await serve(list(api_jobs([])))
+    url = base_url(service)
+    await wait_for(
+        lambda: _count(client, url, job="api.tick", status="COMPLETED", at_least=1),
+        timeout=10,
+        interval=0.2,
+        what="a completed tick",
+    )
+    # api.manual (yearly) passed over from 2020 to 2025, recorded as the firing path does.
+    job = service.firing.jobs["api.manual"]
+    schedule = service.schedules["api.manual"]
+    passed = misfire.passed_over(
+        job, schedule, datetime(2020, 1, 1, tzinfo=UTC), service.clock.now()
+    )
+    assert passed is not None
+    await service.firing.pass_over([(job, passed)], service.clock.now())
+    [missed] = await executions(client, url, job="api.manual", status="MISSED")
+    assert missed["scheduled_at"] == "2020-01-01T00:00:00Z" == iso(passed.first)
+    assert missed["until"] == iso(passed.last) and passed.last.year >= 2025
+    assert missed["error"] == passed.reason
+    ticks = await executions(client, url, job="api.tick", status="COMPLETED")
+    assert ticks and all(r["until"] is None for r in ticks)
+
+
 async def test_with_no_admin_token_configured_every_write_is_refused_and_reads_are_open(
     serve: Any, client: aiohttp.ClientSession
 ) -> None:

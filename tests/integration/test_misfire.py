@@ -67,7 +67,7 @@ async def test_slots_reached_late_are_accounted_for_by_the_misfire_policy(
     )
 
 
-async def test_slots_older_than_the_catchup_window_are_passed_over_not_recorded(
+async def test_slots_older_than_the_catchup_window_are_recorded_as_one_passed_over_range(
     db: Database, start_service: ServiceFactory
 ) -> None:
     registry = Registry()
@@ -77,18 +77,27 @@ async def test_slots_older_than_the_catchup_window_are_passed_over_not_recorded(
 
     clock = ManualClock(T0)
     await start_service(list(registry), clock=clock)
-    # At 01:05.5 the window reaches back to 00:35.5: :10 .. :30 are passed over, :40 and :50
-    # are recorded MISSED, :60 is on time.
+    # At 01:05.5 the window reaches back to 00:35.5: :10 .. :30 are passed over (one record
+    # whose until is :30), :40 and :50 are recorded MISSED, :60 is on time.
     await clock.set(T0 + timedelta(seconds=65))
 
     async def settled() -> bool:
         return await outcomes(db) == {
+            at(10): ("MISSED", "interval"),
             at(40): ("MISSED", "interval"),
             at(50): ("MISSED", "interval"),
             at(60): ("COMPLETED", "interval"),
         }
 
-    await wait_for(settled, what="only the slots inside the window recorded")
+    await wait_for(settled, what="the range and the slots inside the window recorded")
+    async with db.read() as conn:
+        until = (await conn.execute(select(executions.c.scheduled_at, executions.c.until))).all()
+    assert sorted((s.isoformat(), u and u.isoformat()) for s, u in until) == [
+        (at(10), at(30)),
+        (at(40), None),
+        (at(50), None),
+        (at(60), None),
+    ]
 
 
 async def test_an_on_time_slot_never_fires_before_its_time(
@@ -197,7 +206,7 @@ async def test_slots_never_decided_before_a_burst_are_recorded_missed_together(
 async def test_a_burst_whose_undecided_slots_are_past_the_catchup_window_still_runs(
     db: Database, start_service: ServiceFactory
 ) -> None:
-    """Nothing to record when the gap is older than catchup_window: the burst runs."""
+    """A gap older than catchup_window is one passed-over range per job; the burst runs."""
     registry = Registry()
     ran: list[str] = []
 
@@ -215,7 +224,16 @@ async def test_a_burst_whose_undecided_slots_are_past_the_catchup_window_still_r
     await clock.set(T0 + timedelta(seconds=10))
     await wait_for(lambda: len(ran) == 30, what="the :10 burst to run")
     await outcomes_written(db)
-    assert await outcomes(db) == {at(10): ("COMPLETED", "interval")}
+    async with db.read() as conn:
+        found = (await conn.execute(select(executions))).all()
+    # The window (5 s) reaches back to :05.5: slots -4:50 .. :00 are passed over.
+    assert sorted(
+        {(r.scheduled_at.isoformat(), r.status, r.until and r.until.isoformat()) for r in found}
+    ) == [
+        (at(-290), "MISSED", at(0)),
+        (at(10), "COMPLETED", None),
+    ]
+    assert len(found) == 60
     assert sorted(ran) == sorted(f"old-gap-{i}" for i in range(30))
 
 

@@ -321,7 +321,9 @@ function renderChart(timeline) {
 
 function renderJobs(jobs) {
   const rows = jobs.map((job) => {
-    const drift = Object.keys(job.drift || {}).length ? " (versions disagree)" : "";
+    const superseded = Object.keys(job.superseded || {});
+    const drift = (Object.keys(job.drift || {}).length ? " (versions disagree)" : "") +
+      (superseded.length ? ` (superseded on ${superseded.join(", ")})` : "");
     return el("tr", { "data-job": job.name },
       el("td", { class: "mono" }, el("a", { href: jobHref(job.name), text: job.name })),
       el("td", { class: "mono", text: job.schedule + drift }),
@@ -356,13 +358,18 @@ function errorCell(run) {
   return cell;
 }
 
+// A MISSED record standing for a passed-over range shows its first and last slot.
+function slotText(run) {
+  return run.until ? `${when(run.scheduled_at)} – ${when(run.until)}` : when(run.scheduled_at);
+}
+
 function renderExecutions(page) {
   const rows = [];
   for (const run of page.executions) {
     rows.push(el("tr", { "data-execution": String(run.id), "data-status": run.status, "data-trigger": run.trigger },
       el("td", { class: "num" }, el("a", { href: jobHref(run.job, run.id), text: String(run.id) })),
       el("td", { class: "mono", text: run.job }),
-      el("td", { text: when(run.scheduled_at) }),
+      el("td", { text: slotText(run) }),
       el("td", { text: run.trigger }),
       el("td", {}, status(run.status)),
       el("td", { class: "num", text: String(run.attempt) }),
@@ -421,7 +428,7 @@ function renderExecutionDetail(run) {
   }
   const lag = run.started_at ? Date.parse(run.started_at) - Date.parse(run.scheduled_at) : null;
   const fields = [
-    ["job", run.job], ["slot", when(run.scheduled_at)], ["status", status(run.status)],
+    ["job", run.job], ["slot", slotText(run)], ["status", status(run.status)],
     ["attempt", String(run.attempt)], ["trigger", run.trigger], ["instance", run.instance_id || "none"],
     ["started", when(run.started_at) || "never"], ["finished", when(run.finished_at) || ""],
     ["lag", lag === null ? "" : ms(lag)], ["duration", ms(run.duration_ms)],
@@ -443,7 +450,7 @@ function renderJobHistory(page) {
     const lag = run.started_at ? Date.parse(run.started_at) - Date.parse(run.scheduled_at) : null;
     rows.push(el("tr", { "data-execution": String(run.id), "data-status": run.status, "data-trigger": run.trigger },
       el("td", { class: "num" }, el("a", { href: jobHref(run.job, run.id), text: String(run.id) })),
-      el("td", { text: when(run.scheduled_at) }),
+      el("td", { text: slotText(run) }),
       el("td", { text: run.trigger }),
       el("td", {}, status(run.status)),
       el("td", { class: "num", text: String(run.attempt) }),
