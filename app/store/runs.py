@@ -7,7 +7,7 @@ never overwrite what another instance (or the leader) recorded about it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -201,6 +201,11 @@ async def save_state(
     return result.rowcount == 1
 
 
+class _Foreign(Exception):
+    """The renewal matched runs under our id that this process does not hold (an older
+    incarnation claimed them after we took the id over): rolled back, to renew ours by id."""
+
+
 async def renew(
     db: Database,
     *,
@@ -209,6 +214,7 @@ async def renew(
     lease_counts: Mapping[int, int],
     instance_state: str,
     incarnation: str | None = None,
+    ours: Collection[int] | None = None,
 ) -> set[int] | None:
     """Renew the leases of all this instance's running executions and its own instance row.
 
@@ -217,7 +223,31 @@ async def renew(
     when every lease was renewed, else the ids still ours (the others were taken from us).
     With ``incarnation`` (this process's, :func:`app.store.lifeline.hold_instance_id`), raises
     :class:`IncarnationLost`, renewing nothing, when the instance row names another.
+    With ``ours`` (the ids of the runs this process holds), a run under our id that is not
+    among them is never renewed: it was claimed by an older incarnation after we took the id
+    over, and is left to lapse (then the leader records it ABANDONED). The renewal is by id
+    only when such a run shows up.
     """
+    try:
+        return await _renew(db, instance_id, now, lease_counts, instance_state, incarnation, ours)
+    except _Foreign:
+        assert ours is not None
+        return await _renew(
+            db, instance_id, now, lease_counts, instance_state, incarnation, ours, by_id=True
+        )
+
+
+async def _renew(
+    db: Database,
+    instance_id: str,
+    now: datetime,
+    lease_counts: Mapping[int, int],
+    instance_state: str,
+    incarnation: str | None,
+    ours: Collection[int] | None,
+    *,
+    by_id: bool = False,
+) -> set[int] | None:
     beat = update(instances).where(instances.c.instance_id == instance_id)
     if incarnation is not None:
         beat = beat.where(instances.c.incarnation == incarnation)
@@ -231,20 +261,25 @@ async def renew(
     complete = True
     # Only leases still live are extended (judged by the database's clock): a lapsed lease is
     # never revived, since another instance may already have judged its run ABANDONED.
-    live = executions.c.lease_until > db.now_in_sql()
+    mine = [executions.c.instance_id == instance_id, executions.c.status == "RUNNING"]
+    params: dict[str, Any] = {"p_now": now}
+    if by_id:
+        mine.append(db.dialect.among(executions.c.id, "p_ours", executions.c.id.type))
+        params["p_ours"] = list(ours or ())
     async with db.transaction() as conn:
         for lease_ms, expected in lease_counts.items():
             result = await conn.execute(
                 update(executions)
                 .where(
-                    executions.c.instance_id == instance_id,
-                    executions.c.status == "RUNNING",
+                    *mine,
                     executions.c.lease_ms == lease_ms,
-                    live,
+                    executions.c.lease_until > db.now_in_sql(),
                 )
                 .values(heartbeat_at=now, lease_until=now + timedelta(milliseconds=lease_ms)),
-                {"p_now": now},
+                params,
             )
+            if result.rowcount > expected and ours is not None and not by_id:
+                raise _Foreign  # rolls the transaction back
             complete = complete and result.rowcount == expected
         # Raised inside the transaction: its lease renewals are rolled back with it.
         if (await conn.execute(beat)).rowcount == 0 and incarnation is not None:
@@ -252,10 +287,9 @@ async def renew(
         if complete:
             return None
         rows = await conn.execute(
-            select(executions.c.id).where(
-                executions.c.instance_id == instance_id,
-                executions.c.status == "RUNNING",
-                executions.c.heartbeat_at == now,
-            )
+            select(executions.c.id).where(*mine, executions.c.heartbeat_at == now), params
         )
-        return {int(r.id) for r in rows}
+        renewed = {int(r.id) for r in rows}
+        if ours is not None and not by_id and not renewed <= set(ours):
+            raise _Foreign
+        return renewed
