@@ -201,11 +201,6 @@ async def save_state(
     return result.rowcount == 1
 
 
-class _Foreign(Exception):
-    """The renewal matched runs under our id that this process does not hold (an older
-    incarnation claimed them after we took the id over): rolled back, to renew ours by id."""
-
-
 async def renew(
     db: Database,
     *,
@@ -223,31 +218,13 @@ async def renew(
     when every lease was renewed, else the ids still ours (the others were taken from us).
     With ``incarnation`` (this process's, :func:`app.store.lifeline.hold_instance_id`), raises
     :class:`IncarnationLost`, renewing nothing, when the instance row names another.
-    With ``ours`` (the ids of the runs this process holds), a run under our id that is not
-    among them is never renewed: it was claimed by an older incarnation after we took the id
-    over, and is left to lapse (then the leader records it ABANDONED). The renewal is by id
-    only when such a run shows up.
+    With ``ours`` (the ids of the runs this process holds; the heartbeat and the watchdog
+    always give them), only those are renewed: a run under our id that is not among them was
+    claimed by an older incarnation after we took the id over (it resumed from a pause and has
+    not noticed yet), and must lapse, to be recorded ABANDONED, rather than be kept alive by us.
+    Still one statement per lease length: the ids are one list parameter (one array on
+    PostgreSQL).
     """
-    try:
-        return await _renew(db, instance_id, now, lease_counts, instance_state, incarnation, ours)
-    except _Foreign:
-        assert ours is not None
-        return await _renew(
-            db, instance_id, now, lease_counts, instance_state, incarnation, ours, by_id=True
-        )
-
-
-async def _renew(
-    db: Database,
-    instance_id: str,
-    now: datetime,
-    lease_counts: Mapping[int, int],
-    instance_state: str,
-    incarnation: str | None,
-    ours: Collection[int] | None,
-    *,
-    by_id: bool = False,
-) -> set[int] | None:
     beat = update(instances).where(instances.c.instance_id == instance_id)
     if incarnation is not None:
         beat = beat.where(instances.c.incarnation == incarnation)
@@ -263,9 +240,9 @@ async def _renew(
     # never revived, since another instance may already have judged its run ABANDONED.
     mine = [executions.c.instance_id == instance_id, executions.c.status == "RUNNING"]
     params: dict[str, Any] = {"p_now": now}
-    if by_id:
+    if ours is not None:
         mine.append(db.dialect.among(executions.c.id, "p_ours", executions.c.id.type))
-        params["p_ours"] = list(ours or ())
+        params["p_ours"] = list(ours)
     async with db.transaction() as conn:
         for lease_ms, expected in lease_counts.items():
             result = await conn.execute(
@@ -278,8 +255,6 @@ async def _renew(
                 .values(heartbeat_at=now, lease_until=now + timedelta(milliseconds=lease_ms)),
                 params,
             )
-            if result.rowcount > expected and ours is not None and not by_id:
-                raise _Foreign  # rolls the transaction back
             complete = complete and result.rowcount == expected
         # Raised inside the transaction: its lease renewals are rolled back with it.
         if (await conn.execute(beat)).rowcount == 0 and incarnation is not None:
@@ -289,7 +264,4 @@ async def _renew(
         rows = await conn.execute(
             select(executions.c.id).where(*mine, executions.c.heartbeat_at == now), params
         )
-        renewed = {int(r.id) for r in rows}
-        if ours is not None and not by_id and not renewed <= set(ours):
-            raise _Foreign
-        return renewed
+        return {int(r.id) for r in rows}
