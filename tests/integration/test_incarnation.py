@@ -125,7 +125,9 @@ async def running_row(db: Database, clock: ManualClock, slot: int) -> int:
                 lease_ms=LEASE_MS,
             )
         )
-    return int(result.inserted_primary_key[0])
+    key = result.inserted_primary_key
+    assert key is not None
+    return int(key[0])
 
 
 async def row(db: Database, execution_id: int) -> tuple[str, datetime]:
