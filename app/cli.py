@@ -221,16 +221,17 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
         logging.getLogger("slotcron").warning(
             "no jobs registered: pass --jobs MODULE or set SCHEDULER_JOBS"
         )
+    service = Service(settings, jobs)
     with _runner() as runner:
-        clean = runner.run(Service(settings, jobs).run())
+        clean = runner.run(service.run())
         if not clean:
             # A job swallowed its cancellation; it is recorded STOPPED. Leaving the runner
             # would await it forever, so leave the process instead.
             logging.getLogger("slotcron").warning("exiting with runs that ignored cancellation")
             logging.shutdown()
             sys.stdout.flush()
-            os._exit(0)
-    return 0
+            os._exit(service.exit_status)
+    return service.exit_status  # 1: another process took our instance id over
 
 
 def _log_admin_api(settings: Settings) -> None:

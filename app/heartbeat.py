@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from app.clock import DatabaseClock
-from app.inflight import CancelReason, RunHandle, Runs, trusted_until
+from app.inflight import CancelReason, Runs, trusted_until
 from app.outage import DB_ERRORS
 from app.roles import Collaborators, Role
 from app.store import runs as run_store
@@ -49,6 +49,9 @@ class Heartbeat(Role):
         instance row still names it."""
         self.superseded = False
         """True once another process took the instance id over."""
+        self.on_superseded: Callable[[], None] = lambda: None
+        """Called once, when the instance id is found held by another process (the service
+        shuts down then, and exits 1)."""
 
     async def run(self) -> None:
         while True:
@@ -65,6 +68,10 @@ class Heartbeat(Role):
                     await self.clock.sync(samples=4)
 
     async def beat(self) -> None:
+        if self.superseded:
+            # Nothing is ours to renew any more; a run claimed since is fenced too.
+            self.supersede()
+            return
         now = self.clock.now()
         # Trust starts when the renewal is sent, not when its answer comes back.
         sent = self.clock.monotonic()
@@ -83,10 +90,11 @@ class Heartbeat(Role):
                     lease_counts=counts,
                     instance_state=self.instance_state(),
                     incarnation=self.incarnation,
+                    ours=[handle.id for handle in counted],
                 )
         except IncarnationLost:
             self.outage.recovered()
-            self._superseded(counted)
+            self.supersede()
             return
         except DB_ERRORS as exc:
             self.outage.failed(exc, "renewing leases")
@@ -106,19 +114,23 @@ class Heartbeat(Role):
                 )
                 self.runs.cancel(handle, CancelReason.FENCED)
 
-    def _superseded(self, counted: list[RunHandle]) -> None:
+    def supersede(self) -> None:
         """Another process holds our instance id: this one was paused or cut off long enough
         to be judged dead, and its runs may already be ABANDONED and retried elsewhere. Every
-        run of ours is fenced (renewals stay refused: whatever it claims later is fenced too)."""
+        run of ours is fenced, now and at every later beat (renewals stay refused), and the
+        service is told once, to stop claiming and shut down. Called on the event loop (the
+        watchdog's thread hands its finding over with ``call_soon_threadsafe``)."""
         if not self.superseded:
             self.superseded = True
             log.error(
                 "instance id %s is now held by another process (a newer incarnation took it "
-                "over while this one was paused or cut off past its lease); fencing this "
-                "process's %d runs. Restart this process (or give each process its own id)",
+                "over while this one was paused or cut off past its lease): fencing this "
+                "process's %d runs, claiming nothing more, and shutting down to exit with "
+                "status 1. Restart it (under a fresh incarnation), or give each process its own id",
                 self.instance_id,
-                len(counted),
+                len(self.runs),
             )
-        for handle in counted:
+            self.on_superseded()
+        for handle in self.runs:
             if not handle.done.is_set():
                 self.runs.cancel(handle, CancelReason.FENCED)

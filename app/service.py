@@ -71,6 +71,9 @@ class Service:
         self.outage = Outage()
         self.runs = Runs()
         self.state: str = InstanceState.STARTING
+        self.signals = Signals()
+        self.exit_status = 0
+        """1 once another process took the instance id over (see :meth:`_superseded`)."""
         # Counted only when there is an HTTP server to expose them.
         prometheus = PrometheusMetrics(self.clock) if settings.http_port is not None else None
         self.metrics: Metrics = prometheus or Metrics()
@@ -147,6 +150,7 @@ class Service:
             period=period,
             instance_state=lambda: self.state,
         )
+        self.heartbeat.on_superseded = self._superseded
         self.fencing = Fencing(shared, runs=self.runs)
         # Leases kept while a job blocks the loop (production clock only: a test's manual clock
         # does not move while the loop is blocked, and nothing lapses).
@@ -161,6 +165,8 @@ class Service:
                 period=period,
                 metrics=self.metrics,
                 instance_state=lambda: self.state,
+                incarnation=lambda: self.heartbeat.incarnation,
+                on_superseded=self.heartbeat.supersede,
             )
         self.http: HttpServer | None = None
         if prometheus is not None:
@@ -168,6 +174,19 @@ class Service:
 
             self.http = HttpServer(self, prometheus)
         self.alerts = alerts.install(self)
+
+    @property
+    def superseded(self) -> bool:
+        """Another process holds our instance id: its row is no longer ours to write."""
+        return self.heartbeat.superseded
+
+    def _superseded(self) -> None:
+        """Our instance id is held by another process: shut down at once, without a drain
+        (every run is fenced, nothing of ours is left to wait for), and exit 1 so the
+        orchestrator starts a fresh process."""
+        self.exit_status = 1
+        self.signals.hurry.set()
+        self.signals.requested.set()
 
     @property
     def roles(self) -> list[Role]:
@@ -342,9 +361,10 @@ class Service:
         await shut_down(self, signals or Signals())
 
     async def run(self) -> bool:
-        """Run until SIGTERM/SIGINT, then shut down in phases. False when some run ignored
-        cancellation and is still alive (the caller must then exit without awaiting it)."""
-        signals = Signals()
+        """Run until SIGTERM/SIGINT (or until another process takes our instance id over), then
+        shut down in phases. False when some run ignored cancellation and is still alive (the
+        caller must then exit without awaiting it). The exit status is :attr:`exit_status`."""
+        signals = self.signals
         signals.install()
         starting = asyncio.create_task(self.start(signals.requested))
         requested = asyncio.create_task(signals.requested.wait())

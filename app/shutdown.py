@@ -72,12 +72,13 @@ async def shut_down(service: Service, signals: Signals) -> None:
     for role in service.claiming:
         await role.stop()
     with contextlib.suppress(*DB_ERRORS):
-        await registrations.set_instance_state(
-            service.db,
-            instance_id=service.instance_id,
-            state=InstanceState.DRAINING,
-            now=service.clock.now(),
-        )
+        if not service.superseded:  # else the row is another process's
+            await registrations.set_instance_state(
+                service.db,
+                instance_id=service.instance_id,
+                state=InstanceState.DRAINING,
+                now=service.clock.now(),
+            )
     log.info("phase 1: claiming stopped; %d runs in flight", len(service.runs))
     # Phase 2
     if not signals.hurry.is_set() and len(service.runs):
@@ -112,12 +113,13 @@ async def shut_down(service: Service, signals: Signals) -> None:
         await role.stop()  # the heartbeat first: a late beat must not undo "stopped"
     service.state = InstanceState.STOPPED
     try:
-        await registrations.set_instance_state(
-            service.db,
-            instance_id=service.instance_id,
-            state=InstanceState.STOPPED,
-            now=service.clock.now(),
-        )
+        if not service.superseded:
+            await registrations.set_instance_state(
+                service.db,
+                instance_id=service.instance_id,
+                state=InstanceState.STOPPED,
+                now=service.clock.now(),
+            )
     except DB_ERRORS as exc:
         log.warning("could not mark instance stopped: %s", describe(exc))
     await service.alerts.stop()  # sends what is queued, for up to 2 s

@@ -12,6 +12,11 @@ a connection of its own, every heartbeat period until the loop is back (and exte
 deadlines as the heartbeat does). When the loop comes back, it logs one WARNING naming the job
 found on the loop's stack and how long it blocked, and counts it in ``/metrics``. While the loop
 runs freely the watchdog asks the database nothing.
+
+Its renewal is the heartbeat's (:func:`app.store.runs.renew`), with the same incarnation check:
+once the instance id is found held by another process, the watchdog renews nothing more and
+hands the finding to the loop (the heartbeat's ``supersede``: fence, log, shut down), which runs
+it as soon as the loop is free again.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from app.outage import DB_ERRORS, describe
 from app.registry import Job
 from app.store import runs as run_store
 from app.store.database import Database
+from app.store.runs import IncarnationLost
 
 log = logging.getLogger("slotcron.watchdog")
 
@@ -55,6 +61,8 @@ class Watchdog:
         period: float,
         metrics: Metrics,
         instance_state: Callable[[], str],
+        incarnation: Callable[[], str | None],
+        on_superseded: Callable[[], None],
     ) -> None:
         self._url = db.engine.url
         self._server_clock = db.server_clock
@@ -64,6 +72,11 @@ class Watchdog:
         self.period = period
         self.metrics = metrics
         self.instance_state = instance_state
+        self.incarnation = incarnation
+        self.on_superseded = on_superseded
+        """Run on the loop (thread-safely) once the renewal finds the id held by another."""
+        self.superseded = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._codes = {job.func.__code__: job.name for job in jobs if hasattr(job.func, "__code__")}
         self._mark = time.monotonic()
         self._stop = threading.Event()
@@ -75,6 +88,7 @@ class Watchdog:
 
     def start(self) -> None:
         self._loop_thread = threading.get_ident()
+        self._loop = asyncio.get_running_loop()
         self._mark = time.monotonic()
         self._ticker = asyncio.create_task(self._tick(), name="slotcron-watchdog-tick")
         self._thread = threading.Thread(target=self._watch, name="slotcron-watchdog", daemon=True)
@@ -116,7 +130,7 @@ class Watchdog:
                 if stalled_since is None:
                     stalled_since = self._mark
                     culprit = self._blocking_job()
-                if now - renewed_at >= self.period and len(self.runs):
+                if now - renewed_at >= self.period and len(self.runs) and not self.superseded:
                     renewed_at = now
                     if db is None:
                         db = Database.connect(self._url, 1)
@@ -153,7 +167,16 @@ class Watchdog:
                     now=self.clock.now(),
                     lease_counts=counts,
                     instance_state=self.instance_state(),
+                    incarnation=self.incarnation(),
+                    ours=[handle.id for handle in handles],
                 )
+        except IncarnationLost:
+            # Renew nothing more: the runs' deadlines pass and they are fenced by time.
+            self.superseded = True
+            if self._loop is not None:
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    self._loop.call_soon_threadsafe(self.on_superseded)
+            return
         except DB_ERRORS as exc:
             log.warning("could not renew leases while the loop is blocked: %s", describe(exc))
             return

@@ -7,7 +7,7 @@ never overwrite what another instance (or the leader) recorded about it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -209,6 +209,7 @@ async def renew(
     lease_counts: Mapping[int, int],
     instance_state: str,
     incarnation: str | None = None,
+    ours: Collection[int] | None = None,
 ) -> set[int] | None:
     """Renew the leases of all this instance's running executions and its own instance row.
 
@@ -217,6 +218,12 @@ async def renew(
     when every lease was renewed, else the ids still ours (the others were taken from us).
     With ``incarnation`` (this process's, :func:`app.store.lifeline.hold_instance_id`), raises
     :class:`IncarnationLost`, renewing nothing, when the instance row names another.
+    With ``ours`` (the ids of the runs this process holds; the heartbeat and the watchdog
+    always give them), only those are renewed: a run under our id that is not among them was
+    claimed by an older incarnation after we took the id over (it resumed from a pause and has
+    not noticed yet), and must lapse, to be recorded ABANDONED, rather than be kept alive by us.
+    Still one statement per lease length: the ids are one list parameter (one array on
+    PostgreSQL).
     """
     beat = update(instances).where(instances.c.instance_id == instance_id)
     if incarnation is not None:
@@ -231,19 +238,22 @@ async def renew(
     complete = True
     # Only leases still live are extended (judged by the database's clock): a lapsed lease is
     # never revived, since another instance may already have judged its run ABANDONED.
-    live = executions.c.lease_until > db.now_in_sql()
+    mine = [executions.c.instance_id == instance_id, executions.c.status == "RUNNING"]
+    params: dict[str, Any] = {"p_now": now}
+    if ours is not None:
+        mine.append(db.dialect.among(executions.c.id, "p_ours", executions.c.id.type))
+        params["p_ours"] = list(ours)
     async with db.transaction() as conn:
         for lease_ms, expected in lease_counts.items():
             result = await conn.execute(
                 update(executions)
                 .where(
-                    executions.c.instance_id == instance_id,
-                    executions.c.status == "RUNNING",
+                    *mine,
                     executions.c.lease_ms == lease_ms,
-                    live,
+                    executions.c.lease_until > db.now_in_sql(),
                 )
                 .values(heartbeat_at=now, lease_until=now + timedelta(milliseconds=lease_ms)),
-                {"p_now": now},
+                params,
             )
             complete = complete and result.rowcount == expected
         # Raised inside the transaction: its lease renewals are rolled back with it.
@@ -252,10 +262,6 @@ async def renew(
         if complete:
             return None
         rows = await conn.execute(
-            select(executions.c.id).where(
-                executions.c.instance_id == instance_id,
-                executions.c.status == "RUNNING",
-                executions.c.heartbeat_at == now,
-            )
+            select(executions.c.id).where(*mine, executions.c.heartbeat_at == now), params
         )
         return {int(r.id) for r in rows}

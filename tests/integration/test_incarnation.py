@@ -1,22 +1,32 @@
 """A process that resumes after another took its instance id over (issue 11): its heartbeat
-notices that the instance row names another incarnation, renews nothing, fences every run it
-holds and says so at ERROR. Real databases, the manual clock."""
+(and its watchdog, while a job blocks the loop) notices that the instance row names another
+incarnation, renews nothing, fences every run it holds, says so at ERROR and shuts the service
+down to exit 1; the process now holding the id keeps none of the old one's runs alive. Real
+databases, the manual clock (the watchdog's test blocks the loop for real: that is its case)."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
-from datetime import UTC, datetime
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import insert, select, update
 
 from app.clock import ManualClock
 from app.heartbeat import Heartbeat
-from app.inflight import CancelReason, Runs
+from app.inflight import CancelReason, RunHandle, Runs
+from app.metrics import Metrics
+from app.registry import Registry, every
 from app.roles import Collaborators
 from app.store.database import Database
-from app.store.lifeline import hold_instance_id
-from app.store.tables import instances
+from app.store.lifeline import abandon_orphans, hold_instance_id
+from app.store.tables import executions, instances
+from app.watchdog import STALL, Watchdog
+from tests.conftest import ServiceFactory, wait_for
 from tests.test_fencing import handle
 
 LAPSE = 3.0
@@ -91,3 +101,189 @@ async def test_only_the_incarnation_holding_the_id_renews_its_row(
         await holder.beat()
     assert await heartbeat_at(db) > taken_at
     assert not holder.superseded and not caplog.records
+
+
+LEASE_MS = 60_000  # a long lease: only what the test does can end it
+
+
+async def running_row(db: Database, clock: ManualClock, slot: int) -> int:
+    """A RUNNING execution under the shared id, its lease live for a minute."""
+    now = clock.now()
+    async with db.transaction() as conn:
+        result = await conn.execute(
+            insert(executions).values(
+                job_name="job",
+                scheduled_at=datetime(2029, 1, 1, tzinfo=UTC) + timedelta(seconds=slot),
+                trigger="interval",
+                status="RUNNING",
+                attempt=1,
+                instance_id=ID,
+                created_at=now,
+                started_at=now,
+                heartbeat_at=now,
+                lease_until=now + timedelta(milliseconds=LEASE_MS),
+                lease_ms=LEASE_MS,
+            )
+        )
+    key = result.inserted_primary_key
+    assert key is not None
+    return int(key[0])
+
+
+async def row(db: Database, execution_id: int) -> tuple[str, datetime]:
+    """An execution's status and lease (aware UTC)."""
+    async with db.read() as conn:
+        status, lease_until = (
+            await conn.execute(
+                select(executions.c.status, executions.c.lease_until).where(
+                    executions.c.id == execution_id
+                )
+            )
+        ).one()
+    return status, lease_until.replace(tzinfo=UTC) if lease_until.tzinfo is None else lease_until
+
+
+def held(execution_id: int, clock: ManualClock) -> RunHandle:
+    """This process's run of ``execution_id``."""
+    run = handle(LEASE_MS, clock.monotonic())
+    run.claim = dataclasses.replace(run.claim, execution_id=execution_id)
+    return run
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mariadb"], indirect=True)
+async def test_the_holder_of_the_id_renews_its_own_runs_never_one_an_older_incarnation_claimed(
+    db: Database,
+) -> None:
+    clock = ManualClock(datetime(2030, 1, 1, tzinfo=UTC))
+    _, new = await taken_over(db, clock)
+    ours = await running_row(db, clock, 1)
+    # Claimed under the id by the old process after the takeover (it resumed, has not noticed).
+    theirs = await running_row(db, clock, 2)
+    _, their_lease = await row(db, theirs)
+    runs = Runs()
+    runs.add(run := held(ours, clock))
+    await clock.advance(5)
+    holder = heartbeat(db, clock, runs, new)
+    await holder.beat()
+
+    assert await row(db, ours) == ("RUNNING", clock.now() + timedelta(milliseconds=LEASE_MS))
+    assert run.cancel_reason is None and not holder.superseded
+    assert await row(db, theirs) == ("RUNNING", their_lease), "the older incarnation's run kept"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mariadb"], indirect=True)
+async def test_the_runs_of_a_paused_process_are_abandoned_at_takeover_though_their_leases_live(
+    db: Database,
+) -> None:
+    clock = ManualClock(datetime(2030, 1, 1, tzinfo=UTC))
+    old = await hold_instance_id(db, instance_id=ID, lapse=LAPSE, clock=clock)
+    theirs = await running_row(db, clock, 1)  # a minute's lease, longer than the id's lapse
+    await clock.advance(LAPSE + 1)  # paused: the id lapses, the run's lease does not
+    new = await hold_instance_id(db, instance_id=ID, lapse=LAPSE, clock=clock)
+    abandoned = await abandon_orphans(db, instance_id=ID, now=clock.now())  # as at start-up
+    assert [a.execution_id for a in abandoned] == [theirs]
+    ours = await running_row(db, clock, 2)
+    runs = Runs()
+    runs.add(held(ours, clock))
+    await clock.advance(1)
+    await heartbeat(db, clock, runs, new).beat()
+    resumed = heartbeat(db, clock, Runs(), old)
+    await resumed.beat()
+
+    status, _ = await row(db, theirs)
+    assert status == "ABANDONED"
+    assert resumed.superseded
+
+
+def watchdog(
+    db: Database, clock: ManualClock, runs: Runs, incarnation: str, told: list[str]
+) -> Watchdog:
+    registry = Registry()
+
+    @every(seconds=10, name="job", registry=registry)
+    async def job() -> None: ...
+
+    return Watchdog(
+        db=db,
+        clock=clock,
+        instance_id=ID,
+        runs=runs,
+        jobs=list(registry),
+        period=0.5,
+        metrics=Metrics(),
+        instance_state=lambda: "running",
+        incarnation=lambda: incarnation,
+        on_superseded=lambda: told.append("superseded"),
+    )
+
+
+def block_until(condition: Callable[[], object], timeout: float) -> None:
+    """Block the event loop (the watchdog's case) until ``condition()`` or ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mariadb"], indirect=True)
+async def test_the_watchdog_of_a_superseded_process_renews_nothing_and_tells_the_loop(
+    db: Database,
+) -> None:
+    clock = ManualClock(datetime(2030, 1, 1, tzinfo=UTC))
+    old, new = await taken_over(db, clock)
+    mine = await running_row(db, clock, 1)
+    _, lease = await row(db, mine)
+    taken_at = await heartbeat_at(db)
+    await clock.advance(1)
+    for incarnation, renews in ((old, False), (new, True)):
+        runs = Runs()
+        runs.add(held(mine, clock))
+        told: list[str] = []
+        dog = watchdog(db, clock, runs, incarnation, told)
+        dog.start()
+        try:
+            await asyncio.sleep(0)  # the ticker marks the loop alive once
+            block_until(lambda: dog.superseded or dog.renewals, 10 * STALL)  # noqa: B023
+            await wait_for(lambda: told or renews, what="the watchdog to tell the loop")  # noqa: B023
+        finally:
+            await dog.stop()
+        if renews:
+            assert dog.renewals >= 1 and not dog.superseded and not told
+            assert await row(db, mine) == (
+                "RUNNING",
+                clock.now() + timedelta(milliseconds=LEASE_MS),
+            )
+        else:
+            assert dog.superseded and dog.renewals == 0 and told == ["superseded"]
+            assert await row(db, mine) == ("RUNNING", lease), "the superseded watchdog renewed"
+            assert await heartbeat_at(db) == taken_at
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mariadb"], indirect=True)
+async def test_a_superseded_service_stops_claiming_shuts_down_leaving_the_row_and_exits_1(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    registry = Registry()
+
+    @every(seconds=3600, name="idle", registry=registry)
+    async def idle() -> None: ...
+
+    service = await start_service(list(registry), heartbeat_seconds=0.1)
+    async with db.transaction() as conn:  # another process took the id over
+        await conn.execute(
+            update(instances)
+            .where(instances.c.instance_id == service.instance_id)
+            .values(incarnation="another", state="running")
+        )
+    await wait_for(service.signals.requested.is_set, what="the shutdown to be requested")
+    assert service.signals.hurry.is_set(), "a drain would wait for runs fenced anyway"
+    assert service.exit_status == 1 and service.superseded
+    await service.stop(service.signals)
+    async with db.read() as conn:
+        incarnation, state = (
+            await conn.execute(
+                select(instances.c.incarnation, instances.c.state).where(
+                    instances.c.instance_id == service.instance_id
+                )
+            )
+        ).one()
+    assert (incarnation, state) == ("another", "running"), "the holder's row was written"
