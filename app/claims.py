@@ -96,6 +96,8 @@ class Claimer:
                     following=following,
                     missed_reason=missed_reason,
                     check_gap=check_gap,
+                    # A jittered run's body starts later: its start is stamped then.
+                    started=not job.jitter,
                 )
             except SlotTaken:
                 self.outage.recovered()

@@ -141,9 +141,10 @@ async def claim_many(db: Database, items: list[Due], *, instance_id: str, now: d
     slots not run, and advance the jobs. Raises :class:`RowBusy` only where the whole database
     is one lock (SQLite).
 
-    A slot may be claimed ahead of its time (``now`` before it): its run is recorded as starting
-    at the slot, and a ``forbid`` job whose lease is still held is deferred rather than
-    ``SKIPPED``, since overlap is judged when the slot comes."""
+    A slot may be claimed ahead of its time (``now`` before it): its run is recorded with no
+    ``started_at`` (its body has not started: :mod:`app.store.starts` stamps it at the slot,
+    and honours a pause committed meanwhile), and a ``forbid`` job whose lease is still held is
+    deferred rather than ``SKIPPED``, since overlap is judged when the slot comes."""
     decided = Decided()
     by_name = {item.job_name: item for item in items}
     sql = _batch(db.dialect, db.server_clock)
@@ -259,7 +260,8 @@ async def _write(
                 "p_trigger": trigger,
                 "p_instance": instance_id,
                 "p_now": now,
-                "p_started": max(now, slot),
+                # Claimed ahead: not started until its slot (app.store.starts).
+                "p_started": None if slot > now else now,
                 "p_lease_until": now + timedelta(milliseconds=lease_ms),
                 "p_lease_ms": lease_ms,
                 "p_params": {},
@@ -314,6 +316,7 @@ def _claims(
                 lease_until=now + timedelta(milliseconds=item.lease_ms),
                 lease_ms=item.lease_ms,
                 fencing_token=tokens[name],
+                started=item.slot <= now,
             )
     for item, status, reason in plan.not_run:
         claims[item.job_name] = Claim(

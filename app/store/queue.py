@@ -66,7 +66,9 @@ async def take(
                 .values(
                     status=Status.RUNNING,
                     instance_id=instance_id,
-                    started_at=now,
+                    # Stamped just before its body starts (app.store.starts): until then, a
+                    # run taken here can be handed back.
+                    started_at=None,
                     heartbeat_at=now,
                     lease_until=lease_until,
                     lease_ms=lease_ms,
@@ -97,4 +99,5 @@ async def take(
         params=dict(row.params or {}),
         state=dict(row.state or {}),
         fencing_token=token,
+        started=False,
     )
