@@ -32,6 +32,8 @@ log = logging.getLogger("slotcron.queued")
 
 LEASE_HELD_RECHECK = timedelta(seconds=1)
 """How soon a queued run of a forbid job that found the lease held looks again, at most."""
+PAGE = 100
+"""Queued executions read per look; a full page is followed by another look at once."""
 LISTENING_POLL_SECONDS = 300.0
 """How often a listening instance looks anyway: notifications are not queued for a listener
 whose connection was lost, and a new connection starts with a poll of its own."""
@@ -64,6 +66,8 @@ class QueuedRuns(Role):
         self._listening: Listening | None = None
         # A listener takes one pooled connection: only where the pool can spare it.
         self._may_listen = pool_size >= 2
+        # Takes at once: half the pool, the rest left to claims and renewals.
+        self._takers = max(1, pool_size // 2)
 
     async def request_stop(self) -> None:
         """Stop taking runs, once the poll under way (if any) has started what it took."""
@@ -134,52 +138,69 @@ class QueuedRuns(Role):
                 self.outage.failed(exc, "looking for queued runs")
 
     async def poll(self) -> int:
-        """Take every due QUEUED execution of a job this instance knows; return how many."""
+        """Take every due QUEUED execution of a job this instance knows; return how many.
+
+        Several at once (each its own short transaction, on its own pooled connection): a burst
+        handed back by an instance that died before its slot is taken in a fraction of a
+        second, not one after another."""
         taken = 0
-        for item in await queue.due(self.db, now=self.clock.now()):
-            if self._closing:
+        takers = asyncio.Semaphore(self._takers)
+
+        async def take(item: queue.Queued) -> bool:
+            async with takers:
+                return await self._take(self.jobs[item.job_name], item)
+
+        while not self._closing:
+            page = await queue.due(self.db, now=self.clock.now(), limit=PAGE)
+            # Another version's jobs are left to an instance that has them.
+            mine = [item for item in page if item.job_name in self.jobs]
+            got = sum(await asyncio.gather(*(take(item) for item in mine)))
+            taken += got
+            if len(page) < PAGE or not got:  # all due seen, or the rest are not takeable now
                 break
-            job = self.jobs.get(item.job_name)
-            if job is None:
-                continue  # another version's job: left to an instance that has it
-            sent = self.clock.monotonic()
-            try:
-                claim = await queue.take(
-                    self.db,
-                    execution_id=item.execution_id,
-                    job_name=job.name,
-                    instance_id=self.instance_id,
-                    now=self.clock.now(),
-                    lease_ms=job.lease_ms(self.default_lease),
-                    forbid_overlap=job.overlap == "forbid",
-                )
-            except RowBusy:
-                # Someone is claiming this job right now: look again shortly.
-                self.wake_at(self.clock.now() + timedelta(milliseconds=50))
-                continue
-            except LeaseHeld as held:
-                # A run of this forbid job holds the lease: look again when it ends, at the
-                # latest when it lapses (renewals move that on, so also every second), on
-                # every backend: no notification says that a run ended.
-                until: datetime = held.until  # type: ignore[assignment]
-                self.wake_at(min(until, self.clock.now() + LEASE_HELD_RECHECK))
-                continue
-            if claim is not None:
-                claim = replace(claim, sent=sent)
-                log.info(
-                    "%s slot %s: starting attempt %d (%s)",
-                    job.name,
-                    claim.scheduled_at.isoformat(),
-                    claim.attempt,
-                    claim.trigger,
-                    extra=run_fields(
-                        job.name,
-                        claim.scheduled_at,
-                        claim.execution_id,
-                        self.instance_id,
-                        Status.RUNNING,
-                    ),
-                )
-                self._start(job, claim)
-                taken += 1
         return taken
+
+    async def _take(self, job: Job, item: queue.Queued) -> bool:
+        if self._closing:
+            return False
+        sent = self.clock.monotonic()
+        try:
+            claim = await queue.take(
+                self.db,
+                execution_id=item.execution_id,
+                job_name=job.name,
+                instance_id=self.instance_id,
+                now=self.clock.now(),
+                lease_ms=job.lease_ms(self.default_lease),
+                forbid_overlap=job.overlap == "forbid",
+            )
+        except RowBusy:
+            # Someone is claiming this job right now: look again shortly.
+            self.wake_at(self.clock.now() + timedelta(milliseconds=50))
+            return False
+        except LeaseHeld as held:
+            # A run of this forbid job holds the lease: look again when it ends, at the
+            # latest when it lapses (renewals move that on, so also every second), on
+            # every backend: no notification says that a run ended.
+            until: datetime = held.until  # type: ignore[assignment]
+            self.wake_at(min(until, self.clock.now() + LEASE_HELD_RECHECK))
+            return False
+        if claim is None:
+            return False
+        claim = replace(claim, sent=sent)
+        log.info(
+            "%s slot %s: starting attempt %d (%s)",
+            job.name,
+            claim.scheduled_at.isoformat(),
+            claim.attempt,
+            claim.trigger,
+            extra=run_fields(
+                job.name,
+                claim.scheduled_at,
+                claim.execution_id,
+                self.instance_id,
+                Status.RUNNING,
+            ),
+        )
+        self._start(job, claim)
+        return True
