@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from app.errors import LeaseHeld, RowBusy
 from app.logs import run_fields
 from app.outage import DB_ERRORS
 from app.registry import Job
@@ -66,8 +65,6 @@ class QueuedRuns(Role):
         self._listening: Listening | None = None
         # A listener takes one pooled connection: only where the pool can spare it.
         self._may_listen = pool_size >= 2
-        # Takes at once: half the pool, the rest left to claims and renewals.
-        self._takers = max(1, pool_size // 2)
 
     async def request_stop(self) -> None:
         """Stop taking runs, once the poll under way (if any) has started what it took."""
@@ -140,54 +137,46 @@ class QueuedRuns(Role):
     async def poll(self) -> int:
         """Take every due QUEUED execution of a job this instance knows; return how many.
 
-        Several at once (each its own short transaction, on its own pooled connection): a burst
-        handed back by an instance that died before its slot is taken in a fraction of a
-        second, not one after another."""
+        A page at a time, in one transaction (:func:`queue.take_many`): a burst handed back by
+        an instance that died before its slot is taken in a few statements, not one by one."""
         taken = 0
-        takers = asyncio.Semaphore(self._takers)
-
-        async def take(item: queue.Queued) -> bool:
-            async with takers:
-                return await self._take(self.jobs[item.job_name], item)
-
         while not self._closing:
             page = await queue.due(self.db, now=self.clock.now(), limit=PAGE)
             # Another version's jobs are left to an instance that has them.
-            mine = [item for item in page if item.job_name in self.jobs]
-            got = sum(await asyncio.gather(*(take(item) for item in mine)))
-            taken += got
-            if len(page) < PAGE or not got:  # all due seen, or the rest are not takeable now
+            wanted = [
+                queue.Wanted(
+                    item.execution_id,
+                    item.job_name,
+                    self.jobs[item.job_name].lease_ms(self.default_lease),
+                    self.jobs[item.job_name].overlap == "forbid",
+                )
+                for item in page
+                if item.job_name in self.jobs
+            ]
+            if not wanted:
+                break
+            sent = self.clock.monotonic()
+            got = await queue.take_many(
+                self.db, wanted, instance_id=self.instance_id, now=self.clock.now()
+            )
+            if got.busy:
+                # Someone is claiming these jobs right now: look again shortly.
+                self.wake_at(self.clock.now() + timedelta(milliseconds=50))
+            if got.held:
+                # A run of a forbid job holds the lease: look again when it ends, at the latest
+                # when it lapses (renewals move that on, so also every second), on every
+                # backend: no notification says that a run ended.
+                until = min(got.held.values())
+                self.wake_at(min(until, self.clock.now() + LEASE_HELD_RECHECK))
+            for claim in got.claims:
+                self._started(replace(claim, sent=sent))
+            taken += len(got.claims)
+            if len(page) < PAGE or not got.claims:  # all due seen, or none takeable now
                 break
         return taken
 
-    async def _take(self, job: Job, item: queue.Queued) -> bool:
-        if self._closing:
-            return False
-        sent = self.clock.monotonic()
-        try:
-            claim = await queue.take(
-                self.db,
-                execution_id=item.execution_id,
-                job_name=job.name,
-                instance_id=self.instance_id,
-                now=self.clock.now(),
-                lease_ms=job.lease_ms(self.default_lease),
-                forbid_overlap=job.overlap == "forbid",
-            )
-        except RowBusy:
-            # Someone is claiming this job right now: look again shortly.
-            self.wake_at(self.clock.now() + timedelta(milliseconds=50))
-            return False
-        except LeaseHeld as held:
-            # A run of this forbid job holds the lease: look again when it ends, at the
-            # latest when it lapses (renewals move that on, so also every second), on
-            # every backend: no notification says that a run ended.
-            until: datetime = held.until  # type: ignore[assignment]
-            self.wake_at(min(until, self.clock.now() + LEASE_HELD_RECHECK))
-            return False
-        if claim is None:
-            return False
-        claim = replace(claim, sent=sent)
+    def _started(self, claim: Claim) -> None:
+        job = self.jobs[claim.job_name]
         log.info(
             "%s slot %s: starting attempt %d (%s)",
             job.name,
@@ -203,4 +192,3 @@ class QueuedRuns(Role):
             ),
         )
         self._start(job, claim)
-        return True
