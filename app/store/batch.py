@@ -197,8 +197,9 @@ async def _holders(
     by_name: dict[str, Due],
     now: datetime,
 ) -> dict[str, Any]:
-    """Of the ``forbid`` jobs that are not paused, the run holding each one's lease."""
-    forbid = [n for n, r in locked.items() if by_name[n].forbid_overlap and not r.paused]
+    """Of the ``forbid`` jobs, the run holding each one's lease (a paused job's too: claimed
+    ahead, its slot runs if it is resumed before its time)."""
+    forbid = [n for n, r in locked.items() if by_name[n].forbid_overlap]
     holders: dict[str, Any] = {}
     if forbid:
         for h in await conn.execute(sql.holders, {"p_names": forbid, "p_now": now}):

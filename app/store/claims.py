@@ -117,7 +117,10 @@ def judge(
         return Verdict(Fate.UNDECIDED)
     if missed_reason is not None:
         return Verdict(Fate.NOT_RUN, Status.MISSED, missed_reason)
-    if row.paused:
+    # Claimed ahead of its time, a paused job's slot is not decided yet: a resume may commit
+    # before the slot comes. It is claimed like any other, and its start at the slot
+    # (app.store.starts) records it SKIPPED if the job is paused then.
+    if row.paused and not (may_defer and slot > now):
         reason = "job is paused" + (f": {row.paused_reason}" if row.paused_reason else "")
         return Verdict(Fate.NOT_RUN, Status.SKIPPED, reason)
     if holder is not None and may_defer and slot > now:

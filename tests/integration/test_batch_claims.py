@@ -16,9 +16,8 @@ from app.errors import RowBusy
 from app.registry import Registry, cron
 from app.roles import Collaborators
 from app.store import batch as batch_store
-from app.store import registrations
+from app.store import registrations, starts
 from app.store import runs as run_store
-from app.store import starts
 from app.store.batch import Due
 from app.store.database import Database
 from app.store.registrations import JobRow
