@@ -62,7 +62,10 @@ class Kickoff:
         return futures
 
     async def one(self, claim: Claim) -> bool:
-        """Start one run now; whether its body may start."""
+        """Start one run, at its slot at the earliest (a slot handed back before its time is
+        taken at once by another instance); whether its body may start."""
+        if claim.scheduled_at > self.clock.now():
+            await self.clock.sleep_until(claim.scheduled_at)
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         await self._start({claim.execution_id: claim}, {claim.execution_id: future})
         return future.done() and future.result()
