@@ -37,6 +37,8 @@ class Kickoff:
         self.instance_id = shared.instance_id
         self.outage = shared.outage
         self.metrics = shared.metrics
+        self.closing = False
+        """Set by shutdown: no body starts any more; unstarted runs are handed back."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     def at(self, slot: datetime, claims: Collection[Claim]) -> dict[int, asyncio.Future[bool]]:
@@ -76,7 +78,7 @@ class Kickoff:
         backoff = Backoff(jitter=0.5)
         while True:
             waiting = [i for i, future in futures.items() if not future.done()]
-            if not waiting:
+            if not waiting or self.closing:
                 return
             try:
                 done = await starts.start_runs(

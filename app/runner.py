@@ -183,7 +183,8 @@ class Runner:
         """A run whose body never started records nothing itself. Stopped by shutdown or
         fenced before its start, it is handed back, for another instance to run; if that write
         fails, its lease lapses and the leader hands it back."""
-        if handle.cancel_reason not in (CancelReason.SHUTDOWN, CancelReason.FENCED):
+        stopped = handle.cancel_reason in (CancelReason.SHUTDOWN, CancelReason.FENCED)
+        if not (stopped or (self.kickoff.closing and handle.cancel_reason is None)):
             return  # SKIPPED, handed back already, or no longer ours
         try:
             async with asyncio.timeout(HAND_BACK_TIMEOUT):

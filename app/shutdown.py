@@ -94,6 +94,10 @@ async def shut_down(service: Service, signals: Signals) -> None:
     settings = service.settings
     # Phase 1
     service.state = InstanceState.DRAINING
+    # No body starts from now on: runs claimed ahead of their slot go back to the queue first
+    # thing (a slot may come while the claiming roles stop), and again once they have stopped.
+    service.runner.kickoff.closing = True
+    await _hand_back_unstarted(service)
     for role in service.claiming:
         await role.stop()
     with contextlib.suppress(*DB_ERRORS):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import case, func, select, update
 
 from app.store.database import Database
 from app.store.tables import executions, jobs
@@ -84,16 +84,18 @@ async def aimed_slot(path: Path) -> float:
 
 async def once_claimed_by(db: Database, instance: str, slot: float, latest: float) -> bool:
     """Until ``instance``'s claims of ``slot`` are committed (it claims ahead of the slot by its
-    lead window, tens of milliseconds: True), or ``latest`` (False)."""
+    lead window, tens of milliseconds), and every job's slot is claimed (no claim holds a job's
+    row any more): True; or ``latest`` (False)."""
     await asyncio.to_thread(sleep_until, slot - 0.06)
     when = datetime.fromtimestamp(slot, UTC)
-    query = select(executions.c.id).where(
-        executions.c.scheduled_at == when, executions.c.instance_id == instance
-    )
+    query = select(
+        func.count(), func.sum(case((executions.c.instance_id == instance, 1), else_=0))
+    ).where(executions.c.scheduled_at == when)
     async with db.engine.connect() as conn:  # one connection, no transaction: fast looks
         conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
         while time.time() < latest:
-            if (await conn.execute(query.limit(1))).first() is not None:
+            claimed, theirs = (await conn.execute(query)).one()
+            if claimed == N_JOBS and theirs:
                 return True
     return False
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select, update
 
@@ -190,22 +191,19 @@ async def test_started_at_is_when_the_body_started_on_every_path(
         await clock.advance(0.1)
     assert "jittered" in began
 
-    async def finished() -> list[object] | None:
+    async def finished() -> list[Any] | None:
         async with db.read() as conn:
             rows = (await conn.execute(select(executions))).all()
         done = [r for r in rows if r.status == "COMPLETED"]
         return done if len(done) == 3 else None
 
     rows = await wait_for(finished, what="three runs recorded")
-    by_kind = {
-        ("lone manual" if r.trigger == "manual" else r.job_name): r
-        for r in rows  # type: ignore[attr-defined]
-    }
+    by_kind = {("lone manual" if r.trigger == "manual" else r.job_name): r for r in rows}
     assert by_kind["lone"].started_at == began["lone interval"]
     assert by_kind["lone manual"].id == queued.execution_id
     assert by_kind["lone manual"].started_at == began["lone manual"]
     assert by_kind["jittered"].started_at == began["jittered"]
     assert by_kind["jittered"].started_at > by_kind["jittered"].scheduled_at
     for r in rows:
-        assert r.scheduled_at <= r.started_at <= r.finished_at  # type: ignore[attr-defined]
+        assert r.scheduled_at <= r.started_at <= r.finished_at
     assert len(service.runs) == 0
