@@ -8,7 +8,7 @@ row still being ours, ``RUNNING``, its lease live and its slot come (both by the
 clock): a hand-back and a start exclude each other, row by row, so nothing runs twice.
 
 The same statement reads the job's ``paused`` column, the truth whoever set it: a scheduled run
-(cron, interval, catch-up) not started yet whose job is paused is recorded ``SKIPPED`` instead.
+(cron, interval, catch-up) whose job is paused is recorded ``SKIPPED`` instead of starting.
 So a pause committed before a slot's time is honoured even by a run claimed ahead of it.
 """
 
@@ -43,40 +43,35 @@ def _start(dialect: Dialect, server_clock: bool) -> _Start:
     ids = dialect.among(executions.c.id, "p_ids", executions.c.id.type)
     now = bindparam("p_now", type_=UTCDateTime())
     db_now = now_in_sql(dialect, server_clock)
-    job = jobs.alias("job")
-    paused = select(job.c.paused).where(job.c.name == executions.c.job_name).scalar_subquery()
-    reason = (
-        select(
-            literal("job is paused", String())
-            + func.coalesce(literal(": ", String()) + job.c.paused_reason, literal("", String()))
-        )
-        .where(job.c.name == executions.c.job_name)
-        .scalar_subquery()
-    )
-    skip = and_(
-        executions.c.started_at.is_(None),
-        executions.c.trigger.in_(SCHEDULED),
-        paused == true(),
+    # Joined to the job's row (UPDATE ... FROM, or MySQL's multiple-table UPDATE): its `paused`
+    # is read once per run. MySQL does not promise the order of a joined UPDATE's assignments,
+    # so `skip` reads no column the statement sets.
+    skip = and_(executions.c.trigger.in_(SCHEDULED), jobs.c.paused == true())
+    reason = literal("job is paused", String()) + func.coalesce(
+        literal(": ", String()) + jobs.c.paused_reason, literal("", String())
     )
     # Never before the slot: the scheduler's clock may be a hair behind the database's.
     started = case((executions.c.scheduled_at > now, executions.c.scheduled_at), else_=now)
-    mine = (
-        ids,
-        executions.c.status == Status.RUNNING.value,
-        executions.c.instance_id == bindparam("p_instance"),
-        executions.c.lease_until > db_now,
-        executions.c.scheduled_at <= db_now,
+    write = (
+        update(executions)
+        .where(
+            ids,
+            executions.c.job_name == jobs.c.name,
+            executions.c.status == Status.RUNNING.value,
+            executions.c.instance_id == bindparam("p_instance"),
+            executions.c.lease_until > db_now,
+            executions.c.scheduled_at <= db_now,
+        )
+        .values(
+            {
+                executions.c.status: case((skip, Status.SKIPPED.value), else_=executions.c.status),
+                executions.c.error: case((skip, reason), else_=executions.c.error),
+                executions.c.finished_at: case((skip, now), else_=executions.c.finished_at),
+                executions.c.lease_until: case((skip, now), else_=executions.c.lease_until),
+                executions.c.started_at: case((skip, None), else_=started),
+            }
+        )
     )
-    # MySQL assigns left to right, each seeing the columns set before it: `skip` reads
-    # started_at, so started_at is set last.
-    values = [
-        (executions.c.status, case((skip, Status.SKIPPED.value), else_=executions.c.status)),
-        (executions.c.error, case((skip, reason), else_=executions.c.error)),
-        (executions.c.finished_at, case((skip, now), else_=executions.c.finished_at)),
-        (executions.c.lease_until, case((skip, now), else_=executions.c.lease_until)),
-        (executions.c.started_at, case((skip, None), else_=started)),
-    ]
-    write = update(executions).where(*mine).ordered_values(*values)
     return _Start(
         write=write,
         write_returning=write.returning(executions.c.id, executions.c.status, executions.c.error),
