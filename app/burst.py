@@ -2,7 +2,9 @@
 
 Jobs due at the same moment are claimed in a few transactions (chunks of :data:`BATCH_SIZE`,
 :data:`CHUNKS_IN_FLIGHT` at once), ahead of their slot by the lead window (:meth:`Burst.lead`:
-what claiming them is measured to take), and each run then starts at its slot through one gate.
+what claiming them is measured to take), and each chunk's runs then start at their slot, once
+one statement has stamped their start (:mod:`app.kickoff`): until then, a run claimed ahead
+has not started, can be handed back to another instance, and honours a pause.
 Only as many slots are claimed as there are capacity permits; the rest wait for permits and
 are claimed together in turn. Whatever a batch could not decide goes on, one by one, through
 :meth:`app.firing.Firing.fire`; gaps of ``misfire="skip"`` jobs and late slots are recorded
@@ -28,6 +30,7 @@ from app.registry import Job
 from app.slots import Schedule
 from app.status import Status
 from app.store.batch import Due
+from app.store.claims import Claim
 
 log = logging.getLogger("slotcron.scheduler")
 
@@ -118,11 +121,20 @@ class Burst:
         except BaseException:
             self.permits.give_back(len(batch))
             raise
+        ahead: dict[datetime, list[Claim]] = {}
+        for claim in decided.claims.values():
+            if claim.status == Status.RUNNING and not claim.started:
+                ahead.setdefault(claim.scheduled_at, []).append(claim)
+        # Claimed ahead, they start together at their slot: one statement stamps their start,
+        # or records SKIPPED those whose job was paused meanwhile (app.kickoff).
+        starts: dict[int, asyncio.Future[bool]] = {}
+        for slot, claims in ahead.items():
+            starts |= self.firing.runner.kickoff.at(slot, claims)
         for name, claim in decided.claims.items():
             if claim.status == Status.RUNNING:
                 job = jobs[name]
                 end = ends[id(self.schedules[name]), claim.scheduled_at]
-                self.firing.start_run(job, claim, end)
+                self.firing.start_run(job, claim, end, starts.get(claim.execution_id))
                 continue
             self.permits.give_back()  # SKIPPED: logged and counted by the claimer
         self.permits.give_back(len(decided.taken))

@@ -101,6 +101,8 @@ class Claimer:
                     missed_reason=missed_reason,
                     check_gap=check_gap,
                     fingerprint=self.fingerprint(job.name),
+                    # A jittered run's body starts later: its start is stamped then.
+                    started=not job.jitter,
                 )
             except Superseded:
                 self.outage.recovered()

@@ -165,18 +165,23 @@ class Firing:
             return None
         return replace(claim, trigger=Trigger.CATCHUP)
 
-    def start_run(self, job: Job, claim: Claim, give_up_at: datetime) -> None:
+    def start_run(
+        self,
+        job: Job,
+        claim: Claim,
+        give_up_at: datetime,
+        start: asyncio.Future[bool] | None = None,
+    ) -> None:
         """Run a claim made under a capacity permit already taken; give the permit back after.
-        Past ``give_up_at`` (its slot's grace) it is late: see :meth:`on_time`."""
-
-        # Claimed ahead of its time, it starts at its slot (by the database's clock), not now.
-        start_at = claim.scheduled_at if claim.scheduled_at > self.clock.now() else None
+        A claim made ahead of its slot starts when its kick-off (``start``: the database stamps
+        its start at the slot, unless its job was paused meanwhile) says so. Past ``give_up_at``
+        (its slot's grace) a claim is late: see :meth:`on_time`."""
 
         async def run() -> None:
             try:
-                on_time = claim if start_at else await self.on_time(job, claim, give_up_at)
+                on_time = claim if start is not None else await self.on_time(job, claim, give_up_at)
                 if on_time is not None:
-                    await self.runner.run(job, on_time, start_at)
+                    await self.runner.run(job, on_time, start)
             finally:
                 self.permits.give_back()
 
@@ -189,10 +194,25 @@ class Firing:
         async with self.permits.one():
             await self.runner.run(job, claim)
 
+    async def _run_taken(self, job: Job, claim: Claim) -> None:
+        self._past_claim()
+        async with self.permits.one():
+            if claim.trigger in (Trigger.CRON, Trigger.INTERVAL):
+                # A slot handed back unstarted (its claimer died, stopped or was fenced first):
+                # on time within its grace, else its job's misfire policy decides it.
+                schedule = self.schedules[job.name]
+                give_up_at = claim.scheduled_at + misfire.grace(schedule, claim.scheduled_at)
+                on_time = await self.on_time(job, claim, give_up_at)
+                if on_time is None:
+                    return
+                claim = on_time
+            await self.runner.run(job, claim)
+
     def start_claimed(self, job: Job, claim: Claim) -> None:
-        """Run an execution another role started (a QUEUED retry), under the same capacity
-        and shutdown rules as scheduled runs."""
-        self.spawn(self._run_claimed(job, claim), job)
+        """Run an execution another role took from the queue (a manual run, restart, retry, or
+        a slot handed back before its start), under the same capacity and shutdown rules as
+        scheduled runs."""
+        self.spawn(self._run_taken(job, claim), job)
 
     def reconcile(self, name: str, expected: datetime) -> bool:
         """Decide a job's overdue slots now, from ``expected`` (the leader's sweep after an

@@ -29,6 +29,9 @@ class CancelReason(StrEnum):
     FENCED = "fenced"
     """Its lease could not be renewed in time, or the record is no longer ours: nothing is
     written, since another instance may have judged the run already."""
+    HANDED_BACK = "handed back"
+    """Its body had not started, and its row went back to the queue for another instance
+    (shutdown): nothing more is written here."""
 
 
 def margin(lease_ms: int) -> float:
@@ -60,6 +63,8 @@ class RunHandle:
     finishing: bool = False
     """The job has returned; only its outcome's write is left (never cancelled)."""
     began: float = 0.0  # when the job's coroutine started (Metrics.run_started)
+    started: bool = False
+    """Its start is stamped (``started_at``): from then on it can no longer be handed back."""
 
     @property
     def id(self) -> int:

@@ -2,7 +2,8 @@
 
 Leadership is an optimisation of who does housekeeping, never a condition for firing: every
 instance claims slots whether it leads or not. The leader marks runs whose lease lapsed
-ABANDONED (queuing their retry when attempts remain), has slots that nobody decided in time
+ABANDONED (queuing their retry when attempts remain), or hands them back to the queue when their
+body never started (another live instance then runs the slot), has slots that nobody decided in time
 (an outage, every instance down) put through their job's misfire policy, records silent
 instances stopped, and prunes history past retention.
 """
@@ -24,6 +25,8 @@ from app.store import housekeeping, leadership, lifeline, registrations, retenti
 
 log = logging.getLogger("slotcron.leader")
 
+LAPSE_MARGIN = 0.02
+"""Seconds after a lease's end that the leader looks: it is judged lapsed by then."""
 PRUNE_EVERY_SECONDS = 3600.0
 """History is pruned by the hour (and at once by a new leader), not at every tick."""
 
@@ -39,8 +42,11 @@ class Leader(Role):
         period: float,
         reconcile: Callable[[str, datetime], bool] = lambda _name, _expected: False,
         retention_days: float = 30,
+        on_queued: Callable[[datetime], None] = lambda _when: None,
     ) -> None:
         super().__init__(shared)
+        self.on_queued = on_queued
+        self._next_look: datetime | None = None
         self.retention = timedelta(days=retention_days)
         self.reconcile = reconcile
         self._unknown: set[str] = set()
@@ -59,16 +65,27 @@ class Leader(Role):
 
     async def run(self) -> None:
         while True:
+            self._next_look = None
             try:
                 await self.tick()
             except DB_ERRORS as exc:
                 self.outage.failed(exc, "doing cluster housekeeping")
             else:
                 self.outage.recovered()
-            await self.clock.sleep(self.period)
+            await self.clock.sleep(self._sleep())
+
+    def _sleep(self) -> float:
+        """Until the next tick: a period, or less when a lease this tick saw lapses sooner
+        (leadership held by another, or an unstarted run's): a slot whose claimer died before
+        its start is handed back as soon as its lease lapses, not up to a period later."""
+        if self._next_look is None:
+            return self.period
+        wait = (self._next_look - self.clock.now()).total_seconds() + LAPSE_MARGIN
+        return min(self.period, max(wait, LAPSE_MARGIN))
 
     async def tick(self) -> None:
         now = self.clock.now()
+        until: datetime | None = None
         if self.leading:
             leading = await leadership.renew(
                 self.db, instance_id=self.instance_id, now=now, lease=self.lease
@@ -82,6 +99,8 @@ class Leader(Role):
                     self.db, instance_id=self.instance_id, now=now, lease=self.lease
                 )
             )
+        if not leading:
+            self._next_look = until
         if leading != self.leading:
             log.info("%s leadership", "took" if leading else "lost")
             self.leading = leading
@@ -98,6 +117,7 @@ class Leader(Role):
         )
         if todo.lapsed_runs:
             await self._abandon_lapsed(now)
+        self._next_look = await lifeline.next_unstarted_lapse(self.db)
         if todo.silent_instances:
             silent = await registrations.mark_silent_instances(
                 self.db, before=now - timedelta(seconds=self.lease)
@@ -116,7 +136,20 @@ class Leader(Role):
                 self._pruned_at = None  # more may be left: go on at the next tick
 
     async def _abandon_lapsed(self, now: datetime) -> None:
-        for run in await lifeline.abandon_lapsed(self.db, now=now):
+        found = await lifeline.abandon_lapsed(self.db, now=now)
+        back = [run for run in found if run.handed_back]
+        if back:
+            self.on_queued(now)
+            log.warning(
+                "%d runs whose claiming instance let its lease lapse before their start were "
+                "handed back to the queue (same slot, same attempt): %s",
+                len(back),
+                ", ".join(f"{run.job_name}#{run.execution_id}" for run in back[:10])
+                + (" ..." if len(back) > 10 else ""),
+            )
+        for run in found:
+            if run.handed_back:
+                continue
             self.metrics.slot_recorded(run.job_name, "ABANDONED")
             alerts.of(self.instance_id).abandoned(run)
             log.warning(

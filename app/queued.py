@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from app.errors import LeaseHeld, RowBusy
 from app.logs import run_fields
 from app.outage import DB_ERRORS
 from app.registry import Job
@@ -32,6 +31,8 @@ log = logging.getLogger("slotcron.queued")
 
 LEASE_HELD_RECHECK = timedelta(seconds=1)
 """How soon a queued run of a forbid job that found the lease held looks again, at most."""
+PAGE = 100
+"""Queued executions read per look; a full page is followed by another look at once."""
 LISTENING_POLL_SECONDS = 300.0
 """How often a listening instance looks anyway: notifications are not queued for a listener
 whose connection was lost, and a new connection starts with a poll of its own."""
@@ -134,52 +135,60 @@ class QueuedRuns(Role):
                 self.outage.failed(exc, "looking for queued runs")
 
     async def poll(self) -> int:
-        """Take every due QUEUED execution of a job this instance knows; return how many."""
+        """Take every due QUEUED execution of a job this instance knows; return how many.
+
+        A page at a time, in one transaction (:func:`queue.take_many`): a burst handed back by
+        an instance that died before its slot is taken in a few statements, not one by one."""
         taken = 0
-        for item in await queue.due(self.db, now=self.clock.now()):
-            if self._closing:
+        while not self._closing:
+            page = await queue.due(self.db, now=self.clock.now(), limit=PAGE)
+            # Another version's jobs are left to an instance that has them.
+            wanted = [
+                queue.Wanted(
+                    item.execution_id,
+                    item.job_name,
+                    self.jobs[item.job_name].lease_ms(self.default_lease),
+                    self.jobs[item.job_name].overlap == "forbid",
+                )
+                for item in page
+                if item.job_name in self.jobs
+            ]
+            if not wanted:
                 break
-            job = self.jobs.get(item.job_name)
-            if job is None:
-                continue  # another version's job: left to an instance that has it
             sent = self.clock.monotonic()
-            try:
-                claim = await queue.take(
-                    self.db,
-                    execution_id=item.execution_id,
-                    job_name=job.name,
-                    instance_id=self.instance_id,
-                    now=self.clock.now(),
-                    lease_ms=job.lease_ms(self.default_lease),
-                    forbid_overlap=job.overlap == "forbid",
-                )
-            except RowBusy:
-                # Someone is claiming this job right now: look again shortly.
+            got = await queue.take_many(
+                self.db, wanted, instance_id=self.instance_id, now=self.clock.now()
+            )
+            if got.busy:
+                # Someone is claiming these jobs right now: look again shortly.
                 self.wake_at(self.clock.now() + timedelta(milliseconds=50))
-                continue
-            except LeaseHeld as held:
-                # A run of this forbid job holds the lease: look again when it ends, at the
-                # latest when it lapses (renewals move that on, so also every second), on
-                # every backend: no notification says that a run ended.
-                until: datetime = held.until  # type: ignore[assignment]
+            if got.held:
+                # A run of a forbid job holds the lease: look again when it ends, at the latest
+                # when it lapses (renewals move that on, so also every second), on every
+                # backend: no notification says that a run ended.
+                until = min(got.held.values())
                 self.wake_at(min(until, self.clock.now() + LEASE_HELD_RECHECK))
-                continue
-            if claim is not None:
-                claim = replace(claim, sent=sent)
-                log.info(
-                    "%s slot %s: starting attempt %d (%s)",
-                    job.name,
-                    claim.scheduled_at.isoformat(),
-                    claim.attempt,
-                    claim.trigger,
-                    extra=run_fields(
-                        job.name,
-                        claim.scheduled_at,
-                        claim.execution_id,
-                        self.instance_id,
-                        Status.RUNNING,
-                    ),
-                )
-                self._start(job, claim)
-                taken += 1
+            for claim in got.claims:
+                self._started(replace(claim, sent=sent))
+            taken += len(got.claims)
+            if len(page) < PAGE or not got.claims:  # all due seen, or none takeable now
+                break
         return taken
+
+    def _started(self, claim: Claim) -> None:
+        job = self.jobs[claim.job_name]
+        log.info(
+            "%s slot %s: starting attempt %d (%s)",
+            job.name,
+            claim.scheduled_at.isoformat(),
+            claim.attempt,
+            claim.trigger,
+            extra=run_fields(
+                job.name,
+                claim.scheduled_at,
+                claim.execution_id,
+                self.instance_id,
+                Status.RUNNING,
+            ),
+        )
+        self._start(job, claim)

@@ -17,15 +17,21 @@ from datetime import datetime, timedelta
 from app import alerts, tracing
 from app.context import JobContext
 from app.inflight import CancelReason, RunHandle, Runs, trusted_until
+from app.kickoff import Kickoff
 from app.logs import run_fields
+from app.outage import DB_ERRORS
 from app.outcomes import Outcomes
 from app.registry import Job
 from app.roles import Collaborators
 from app.status import Status
+from app.store import lifeline
 from app.store import runs as run_store
 from app.store.claims import Claim
 
 log = logging.getLogger("slotcron.runner")
+
+HAND_BACK_TIMEOUT = 2.0
+"""Seconds a run stopped before its start tries to hand itself back; past it, the leader does."""
 
 
 class Runner:
@@ -44,16 +50,18 @@ class Runner:
         self.runs = runs
         self.outcomes = outcomes
         self.on_retry_queued = on_retry_queued
+        self.kickoff = Kickoff(shared)
         self._loggers: dict[str, logging.Logger] = {}
-        self._gates: dict[datetime, asyncio.Event] = {}
-        self._openers: set[asyncio.Task[None]] = set()
 
-    async def run(self, job: Job, claim: Claim, start_at: datetime | None = None) -> str | None:
+    async def run(
+        self, job: Job, claim: Claim, start: asyncio.Future[bool] | None = None
+    ) -> str | None:
         """Run a ``RUNNING`` claim to its end and record the outcome; return the status recorded
-        (None when the record was no longer ours: fenced, or taken over).
+        (None when the record was no longer ours: fenced, or taken over; or when its body never
+        started: see :mod:`app.kickoff`).
 
-        A slot claimed ahead of its time starts at ``start_at`` by the scheduler's clock; it is
-        in flight meanwhile (its lease renewed, shutdown waits for it or stops it)."""
+        A slot claimed ahead of its time starts when ``start`` (its kick-off at the slot) says
+        so; it is in flight meanwhile (its lease renewed, shutdown hands it back or stops it)."""
         assert claim.lease_until is not None and claim.lease_ms is not None
         handle = RunHandle(
             claim=claim,
@@ -68,10 +76,14 @@ class Runner:
         # (a write retried through an outage must not see it ABANDONED), and shutdown waits
         # for the write before it closes the database.
         try:
-            status, error = await self._execute(job, claim, handle, start_at)
+            status, error = await self._execute(job, claim, handle, start)
             task = asyncio.current_task()
             if handle.cancel_reason is not None and task is not None and task.cancelling():
                 task.uncancel()  # the job returned although cancelled: the request is spent
+            if not handle.started:
+                tracing.run_ended("NOT STARTED")
+                await self._not_started(handle)
+                return None
             if handle.cancel_reason is CancelReason.FENCED:
                 # Fenced, whatever the job then did (it may return once ctx.lease_lost is set,
                 # or swallow the cancellation): the cluster may have judged the run already.
@@ -104,7 +116,7 @@ class Runner:
         return status if recorded else None
 
     async def _execute(
-        self, job: Job, claim: Claim, handle: RunHandle, start_at: datetime | None
+        self, job: Job, claim: Claim, handle: RunHandle, start: asyncio.Future[bool] | None
     ) -> tuple[Status | None, str | None]:
         ctx = JobContext(
             job=job.name,
@@ -124,10 +136,17 @@ class Runner:
         )
         timeout: asyncio.Timeout | None = None
         try:
-            if start_at is not None:
-                await self._gate(start_at).wait()
+            if start is not None and not await start:
+                return None, None  # handed back, SKIPPED (paused) or no longer ours
             if job.jitter:
                 await self.clock.sleep(random.uniform(0, job.jitter))
+            # Its start is written before its body starts: a run not yet stamped can be handed
+            # back, and the stamp fails once it has been.
+            if (job.jitter or (start is None and not claim.started)) and not (
+                await self.kickoff.one(claim)
+            ):
+                return None, None
+            handle.started = True
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
                     "starting %s slot %s (execution %s)",
@@ -160,24 +179,30 @@ class Runner:
             return Status.FAILED, traceback.format_exc()
         return Status.COMPLETED, None
 
-    def _gate(self, when: datetime) -> asyncio.Event:
-        """One gate per start time, opened by one sleeper: a thousand runs claimed ahead of
-        the same slot cost one timer, not a thousand (each liable to wake a hair early)."""
-        gate = self._gates.get(when)
-        if gate is None:
-            gate = self._gates[when] = asyncio.Event()
-
-            async def open_at() -> None:
-                try:
-                    await self.clock.sleep_until(when)
-                    gate.set()
-                finally:
-                    del self._gates[when]
-
-            opener = asyncio.create_task(open_at(), name="slotcron-start-gate")
-            self._openers.add(opener)
-            opener.add_done_callback(self._openers.discard)
-        return gate
+    async def _not_started(self, handle: RunHandle) -> None:
+        """A run whose body never started records nothing itself. Stopped by shutdown or
+        fenced before its start, it is handed back, for another instance to run; if that write
+        fails, its lease lapses and the leader hands it back."""
+        stopped = handle.cancel_reason in (CancelReason.SHUTDOWN, CancelReason.FENCED)
+        if not (stopped or (self.kickoff.closing and handle.cancel_reason is None)):
+            return  # SKIPPED, handed back already, or no longer ours
+        try:
+            async with asyncio.timeout(HAND_BACK_TIMEOUT):
+                back = await lifeline.hand_back_mine(
+                    self.db, [handle.id], instance_id=self.instance_id, now=self.clock.now()
+                )
+        except TimeoutError:
+            return
+        except DB_ERRORS:
+            return
+        if back:
+            log.info(
+                "%s slot %s handed back before its start (%s)",
+                handle.job.name,
+                handle.claim.scheduled_at.isoformat(),
+                handle.cancel_reason,
+                extra=self._fields(handle.claim, Status.QUEUED),
+            )
 
     def _job_logger(self, name: str) -> logging.Logger:
         logger = self._loggers.get(name)

@@ -42,6 +42,7 @@ from app.store import batch as batch_store
 from app.store import claims as claim_store
 from app.store import lifeline, migrate, registrations
 from app.store import runs as run_store
+from app.store import starts as start_store
 from app.store.database import Database
 from app.store.registrations import JobRow
 from app.supersession import Supersession
@@ -141,6 +142,7 @@ class Service:
             period=max(period, settings.lease_seconds / 3),
             reconcile=self.firing.reconcile,
             retention_days=settings.history_retention_days,
+            on_queued=lambda when: self.queued.wake_at(when),
         )
         self.expected: dict[str, datetime | None] = {}
         self.heartbeat = Heartbeat(
@@ -241,6 +243,8 @@ class Service:
         )
         now = self.clock.now()
         for run in await lifeline.abandon_orphans(self.db, instance_id=self.instance_id, now=now):
+            if run.handed_back:  # never started: QUEUED again, for any live instance
+                continue
             self.metrics.slot_recorded(run.job_name, "ABANDONED")
             self.alerts.abandoned(run)
             log.warning(
@@ -305,6 +309,7 @@ class Service:
     async def _rehearse(self, conn: AsyncConnection) -> None:
         await claim_store.rehearse(self.db, conn)
         await batch_store.rehearse(self.db, conn)
+        await start_store.rehearse(self.db, conn)
         await run_store.rehearse(conn, self.db.dialect)
 
     async def start(self, stop: asyncio.Event | None = None) -> None:

@@ -1,6 +1,7 @@
 """Graceful shutdown in four phases, each with its own timeout.
 
-1. Stop claiming slots; mark the instance ``draining``.
+1. Stop claiming slots; mark the instance ``draining``; hand runs whose body has not started
+   (claimed ahead of their slot) back to the queue, for another instance to run.
 2. Await in-flight runs, up to ``SCHEDULER_SHUTDOWN_DRAIN_TIMEOUT``.
 3. Cancel what is left, await up to ``SCHEDULER_SHUTDOWN_CANCEL_TIMEOUT``; those runs are
    recorded ``STOPPED`` and their leases released.
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 from app.inflight import CancelReason
 from app.outage import DB_ERRORS, describe
 from app.status import InstanceState
-from app.store import registrations
+from app.store import lifeline, registrations
 from app.store import runs as run_store
 
 if TYPE_CHECKING:
@@ -65,10 +66,38 @@ async def _wait_runs(service: Service, timeout: float, hurry: asyncio.Event) -> 
     return len(service.runs) == 0
 
 
+async def _hand_back_unstarted(service: Service) -> None:
+    """Runs claimed here whose body has not started (claimed ahead of their slot, say) go back
+    to the queue at once, for a live instance to run at their time: a stopping instance starts
+    no new body, and records nothing it never ran."""
+    unstarted = {h.id: h for h in service.runs if not h.started and h.cancel_reason is None}
+    if not unstarted:
+        return
+    try:
+        back = await lifeline.hand_back_mine(
+            service.db,
+            list(unstarted),
+            instance_id=service.instance_id,
+            now=service.clock.now(),
+        )
+    except DB_ERRORS as exc:
+        # Their leases lapse unrenewed once we are gone, and the leader hands them back.
+        log.warning("could not hand back %d unstarted runs: %s", len(unstarted), describe(exc))
+        return
+    for execution_id in back:
+        service.runs.cancel(unstarted[execution_id], CancelReason.HANDED_BACK)
+    if back:
+        log.info("phase 1: handed back %d runs not yet started, for another instance", len(back))
+
+
 async def shut_down(service: Service, signals: Signals) -> None:
     settings = service.settings
     # Phase 1
     service.state = InstanceState.DRAINING
+    # No body starts from now on: runs claimed ahead of their slot go back to the queue first
+    # thing (a slot may come while the claiming roles stop), and again once they have stopped.
+    service.runner.kickoff.closing = True
+    await _hand_back_unstarted(service)
     for role in service.claiming:
         await role.stop()
     with contextlib.suppress(*DB_ERRORS):
@@ -80,6 +109,7 @@ async def shut_down(service: Service, signals: Signals) -> None:
                 now=service.clock.now(),
             )
     log.info("phase 1: claiming stopped; %d runs in flight", len(service.runs))
+    await _hand_back_unstarted(service)
     # Phase 2
     if not signals.hurry.is_set() and len(service.runs):
         log.info("phase 2: draining for up to %g s", settings.shutdown_drain_timeout)

@@ -153,9 +153,10 @@ async def claim_many(
     slots not run, and advance the jobs. Raises :class:`RowBusy` only where the whole database
     is one lock (SQLite).
 
-    A slot may be claimed ahead of its time (``now`` before it): its run is recorded as starting
-    at the slot, and a ``forbid`` job whose lease is still held is deferred rather than
-    ``SKIPPED``, since overlap is judged when the slot comes."""
+    A slot may be claimed ahead of its time (``now`` before it): its run is recorded with no
+    ``started_at`` (its body has not started: :mod:`app.store.starts` stamps it at the slot,
+    and honours a pause committed meanwhile), and a ``forbid`` job whose lease is still held is
+    deferred rather than ``SKIPPED``, since overlap is judged when the slot comes."""
     decided = Decided()
     by_name = {item.job_name: item for item in items}
     sql = _batch(db.dialect, db.server_clock)
@@ -208,8 +209,9 @@ async def _holders(
     by_name: dict[str, Due],
     now: datetime,
 ) -> dict[str, Any]:
-    """Of the ``forbid`` jobs that are not paused, the run holding each one's lease."""
-    forbid = [n for n, r in locked.items() if by_name[n].forbid_overlap and not r.paused]
+    """Of the ``forbid`` jobs, the run holding each one's lease (a paused job's too: claimed
+    ahead, its slot runs if it is resumed before its time)."""
+    forbid = [n for n, r in locked.items() if by_name[n].forbid_overlap]
     holders: dict[str, Any] = {}
     if forbid:
         for h in await conn.execute(sql.holders, {"p_names": forbid, "p_now": now}):
@@ -277,7 +279,8 @@ async def _write(
                 "p_trigger": trigger,
                 "p_instance": instance_id,
                 "p_now": now,
-                "p_started": max(now, slot),
+                # Claimed ahead: not started until its slot (app.store.starts).
+                "p_started": None if slot > now else now,
                 "p_lease_until": now + timedelta(milliseconds=lease_ms),
                 "p_lease_ms": lease_ms,
                 "p_params": {},
@@ -332,6 +335,7 @@ def _claims(
                 lease_until=now + timedelta(milliseconds=item.lease_ms),
                 lease_ms=item.lease_ms,
                 fencing_token=tokens[name],
+                started=item.slot <= now,
             )
     for item, status, reason in plan.not_run:
         claims[item.job_name] = Claim(

@@ -125,7 +125,10 @@ def judge(
         return Verdict(Fate.UNDECIDED)
     if missed_reason is not None:
         return Verdict(Fate.NOT_RUN, Status.MISSED, missed_reason)
-    if row.paused:
+    # Claimed ahead of its time, a paused job's slot is not decided yet: a resume may commit
+    # before the slot comes. It is claimed like any other, and its start at the slot
+    # (app.store.starts) records it SKIPPED if the job is paused then.
+    if row.paused and not (may_defer and slot > now):
         reason = "job is paused" + (f": {row.paused_reason}" if row.paused_reason else "")
         return Verdict(Fate.NOT_RUN, Status.SKIPPED, reason)
     if holder is not None and may_defer and slot > now:
@@ -175,6 +178,11 @@ class Claim:
     sent: float = 0.0
     """When the claim's transaction began, by this process's monotonic clock: the run's lease
     is trusted from then, not from when the answer came back."""
+    started: bool = True
+    """Whether the claim itself stamped ``started_at`` (a run claimed at its time, its body
+    starting at once). False for a run claimed ahead of its slot, taken from the queue, or
+    delayed by jitter: its start is stamped just before its body (:mod:`app.store.starts`),
+    and until then it can be handed back."""
 
 
 async def claim_slot(
@@ -191,8 +199,12 @@ async def claim_slot(
     missed_reason: str | None = None,
     check_gap: bool = True,
     fingerprint: str | None = None,
+    started: bool = True,
 ) -> Claim:
     """Claim ``slot`` of ``job_name``, or record why it does not run.
+
+    With ``started`` (its body starts as soon as the claim commits), a run's ``started_at`` is
+    stamped by the claim itself; otherwise it is left to :func:`app.store.starts.start_runs`.
 
     ``following`` is the job's next slot after ``slot``; it becomes the job's expected slot.
     With ``missed_reason`` the slot is recorded ``MISSED`` instead of run. Raises
@@ -238,6 +250,7 @@ async def claim_slot(
                 lease_ms=lease_ms,
                 reason=reason,
                 fencing_token=token if status == Status.RUNNING else None,
+                started=started,
             )
             result = await conn.execute(_INSERT, row)
             await conn.execute(
@@ -260,6 +273,7 @@ async def claim_slot(
         lease_ms=row["lease_ms"],
         reason=reason,
         fencing_token=row["fencing_token"],
+        started=row["started_at"] is not None,
     )
 
 
@@ -283,9 +297,11 @@ def execution_row(
     lease_ms: int | None = None,
     reason: str | None = None,
     fencing_token: int | None = None,
+    started: bool = True,
 ) -> dict[str, Any]:
     """The row a claim inserts: a run (``RUNNING``, holding a lease of ``lease_ms`` from
-    ``now``), or a slot recorded as not run, finished at ``now`` with ``reason``."""
+    ``now``; ``started``: its body starts now), or a slot recorded as not run, finished at
+    ``now`` with ``reason``."""
     running = status == Status.RUNNING
     return {
         "job_name": job_name,
@@ -295,7 +311,7 @@ def execution_row(
         "attempt": 1,
         "instance_id": instance_id,
         "created_at": now,
-        "started_at": now if running else None,
+        "started_at": now if running and started else None,
         "heartbeat_at": now if running else None,
         "lease_until": now + timedelta(milliseconds=lease_ms or 0) if running else None,
         "lease_ms": lease_ms if running else None,

@@ -1,5 +1,6 @@
-"""Runs whose instance died (their lease lapsed unrenewed): recorded ABANDONED, maybe retried;
-and the instance id itself, held by one live process at a time."""
+"""Runs whose instance died (their lease lapsed unrenewed): recorded ABANDONED, maybe retried,
+or, when their body never started, handed back to the queue for another instance to run; and
+the instance id itself, held by one live process at a time."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, or_, select, update
+from sqlalchemy import func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.clock import Clock
@@ -41,6 +42,8 @@ class Abandoned:
     lease_until: datetime
     retry_id: int | None
     alert: bool = True  # the job's stored `alert` option (the leader may not have the job)
+    handed_back: bool = False
+    """Its body never started: not ABANDONED but QUEUED again, same slot and attempt."""
 
 
 async def queue_retry(
@@ -72,7 +75,8 @@ async def queue_retry(
 
 async def abandon_lapsed(db: Database, *, now: datetime, limit: int = 200) -> list[Abandoned]:
     """Mark RUNNING executions whose lease lapsed before ``now`` ABANDONED; queue a retry for
-    each whose job allows another attempt (``max_attempts`` in the job's stored options)."""
+    each whose job allows another attempt (``max_attempts`` in the job's stored options). Those
+    whose body never started (no ``started_at``) are handed back instead (:func:`hand_back`)."""
     return await _abandon(
         db,
         now=now,
@@ -113,6 +117,7 @@ async def _abandon(
                     executions.c.attempt,
                     executions.c.instance_id,
                     executions.c.lease_until,
+                    executions.c.started_at,
                     executions.c.params,
                     executions.c.state,
                 )
@@ -123,7 +128,20 @@ async def _abandon(
             )
         ).all()
     found: list[Abandoned] = []
+    unstarted = [row for row in lapsed if row.started_at is None]
+    if unstarted:
+        back = await hand_back(db, [row.id for row in unstarted], which=which, now=now)
+        found += [
+            Abandoned(
+                row.id, row.job_name, row.scheduled_at, row.instance_id, row.lease_until, None,
+                handed_back=True,
+            )
+            for row in unstarted
+            if row.id in back
+        ]  # fmt: skip
     for row in lapsed:
+        if row.started_at is None:
+            continue
         async with db.transaction() as conn:
             result = await conn.execute(
                 update(executions)
@@ -131,6 +149,7 @@ async def _abandon(
                     executions.c.id == row.id,
                     executions.c.status == "RUNNING",
                     executions.c.lease_until == row.lease_until,  # renewed meanwhile: alive
+                    executions.c.started_at.is_not(None),
                 )
                 .values(status="ABANDONED", finished_at=now, error=why(row))
             )
@@ -161,6 +180,75 @@ async def _abandon(
             )
         )
     return found
+
+
+async def hand_back(
+    db: Database, execution_ids: list[int], *, which: Any, now: datetime
+) -> set[int]:
+    """Hand runs whose body never started back to the queue, at once: each becomes QUEUED
+    again (same slot, trigger and attempt: nothing ran), available now to any live instance,
+    which takes it like any queued run (:mod:`app.store.queue`) and stamps its start
+    (:mod:`app.store.starts`). Only rows still RUNNING with no ``started_at`` that match
+    ``which`` are handed back; return their ids. A start and a hand-back of one row exclude
+    each other: each is conditional on what the other writes."""
+    if not execution_ids:
+        return set()
+    unstarted = (
+        executions.c.id.in_(execution_ids),
+        executions.c.status == "RUNNING",
+        executions.c.started_at.is_(None),
+        which,
+    )
+    async with db.transaction() as conn:
+        ids = list(
+            (
+                await conn.execute(
+                    select(executions.c.id).where(*unstarted).with_for_update(),
+                    {"p_now": now},
+                )
+            ).scalars()
+        )
+        if not ids:
+            return set()
+        await conn.execute(
+            update(executions)
+            .where(executions.c.id.in_(ids))
+            .values(
+                status="QUEUED",
+                instance_id=None,
+                available_at=now,
+                heartbeat_at=None,
+                lease_until=None,
+                lease_ms=None,
+                fencing_token=None,
+            )
+        )
+        await announce_queued(conn, db.dialect, now)
+    return {int(i) for i in ids}
+
+
+async def hand_back_mine(
+    db: Database, execution_ids: list[int], *, instance_id: str, now: datetime
+) -> set[int]:
+    """Hand back this instance's runs that have not started their body (shutdown, or a run
+    fenced before its start): see :func:`hand_back`."""
+    return await hand_back(
+        db, execution_ids, which=executions.c.instance_id == instance_id, now=now
+    )
+
+
+async def next_unstarted_lapse(db: Database) -> datetime | None:
+    """When the earliest lease of a run not yet started lapses (None if there is none): such a
+    run is handed back then, if its instance has not started or renewed it."""
+    async with db.read() as conn:
+        lapse: datetime | None = (
+            await conn.execute(
+                select(func.min(executions.c.lease_until)).where(
+                    executions.c.status == "RUNNING", executions.c.started_at.is_(None)
+                )
+            )
+        ).scalar_one_or_none()
+    return lapse
 
 
 @dataclass(frozen=True)

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import select, update
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import Integer, String, bindparam, select, update
 
-from app.errors import LeaseHeld, RowBusy
 from app.status import Status
-from app.store.claims import Claim, lease_holder, lock_job
-from app.store.database import Database
-from app.store.tables import executions, jobs
+from app.store.claims import Claim
+from app.store.database import Database, now_in_sql
+from app.store.dialects import Dialect
+from app.store.tables import UTCDateTime, executions, jobs
 
 
 @dataclass(frozen=True)
@@ -35,66 +36,135 @@ async def due(db: Database, *, now: datetime, limit: int = 100) -> list[Queued]:
     return [Queued(int(r.id), r.job_name, r.available_at) for r in rows]
 
 
-async def take(
-    db: Database,
-    *,
-    execution_id: int,
-    job_name: str,
-    instance_id: str,
-    now: datetime,
-    lease_ms: int,
-    forbid_overlap: bool,
-) -> Claim | None:
-    """Start a QUEUED execution on this instance; None if another instance took it. Raises
-    :class:`LeaseHeld` when (under ``forbid``) a run of the job still holds its lease, and
-    :class:`RowBusy` like a claim."""
-    try:
-        async with db.transaction(nowait=True) as conn:
-            # The job's row lock orders this against claims, so forbid holds across both.
-            job = await lock_job(conn, job_name)
-            if job is None:
-                return None
-            if forbid_overlap:
-                holder = await lease_holder(db, conn, job_name, now)
-                if holder is not None:
-                    raise LeaseHeld(job_name, holder.lease_until)
-            token = int(job.fencing_token) + 1
-            lease_until = now + timedelta(milliseconds=lease_ms)
-            result = await conn.execute(
-                update(executions)
-                .where(executions.c.id == execution_id, executions.c.status == Status.QUEUED)
-                .values(
-                    status=Status.RUNNING,
-                    instance_id=instance_id,
-                    started_at=now,
-                    heartbeat_at=now,
-                    lease_until=lease_until,
-                    lease_ms=lease_ms,
-                    fencing_token=token,
-                )
-            )
-            if result.rowcount != 1:
-                return None
-            await conn.execute(
-                update(jobs).where(jobs.c.name == job_name).values(fencing_token=token)
-            )
-            row = (
-                await conn.execute(select(executions).where(executions.c.id == execution_id))
-            ).one()
-    except DBAPIError as exc:
-        if db.dialect.is_lock_unavailable(exc):
-            raise RowBusy(job_name) from None
-        raise
-    return Claim(
-        execution_id=execution_id,
-        job_name=job_name,
-        scheduled_at=row.scheduled_at,
-        trigger=row.trigger,
-        status=Status.RUNNING,
-        attempt=row.attempt,
-        lease_until=lease_until,
-        lease_ms=lease_ms,
-        params=dict(row.params or {}),
-        state=dict(row.state or {}),
-        fencing_token=token,
+@dataclass(frozen=True)
+class Wanted:
+    """A queued execution to take, with what its job asks of a run."""
+
+    execution_id: int
+    job_name: str
+    lease_ms: int
+    forbid_overlap: bool
+
+
+@dataclass
+class Taken:
+    """What :func:`take_many` made of each execution asked for."""
+
+    claims: list[Claim] = field(default_factory=list)
+    busy: list[Wanted] = field(default_factory=list)
+    """Their job's row was locked by another claimer: look again shortly."""
+    held: dict[int, datetime] = field(default_factory=dict)
+    """Of ``forbid`` jobs whose lease a run still holds: when that lease ends, by id."""
+
+
+@dataclass(frozen=True)
+class _TakeMany:
+    lock: Any
+    holders: Any
+    start: Any
+    read: Any
+    advance: Any
+
+
+@functools.cache
+def _take_many(dialect: Dialect, server_clock: bool) -> _TakeMany:
+    names = dialect.among(jobs.c.name, "p_names", String())
+    ids = dialect.among(executions.c.id, "p_ids", executions.c.id.type)
+    now = bindparam("p_now", type_=UTCDateTime())
+    token = (
+        select(jobs.c.fencing_token + 1)
+        .where(jobs.c.name == executions.c.job_name)
+        .scalar_subquery()
     )
+    return _TakeMany(
+        lock=select(jobs.c.name).where(names).with_for_update(skip_locked=True),
+        holders=select(executions.c.job_name, executions.c.lease_until).where(
+            dialect.among(executions.c.job_name, "p_names", String()),
+            executions.c.status == Status.RUNNING,
+            executions.c.lease_until > now_in_sql(dialect, server_clock),
+        ),
+        start=update(executions)
+        .where(ids, executions.c.status == Status.QUEUED)
+        .values(
+            status=Status.RUNNING,
+            instance_id=bindparam("p_instance"),
+            started_at=None,  # stamped just before its body starts (app.store.starts)
+            heartbeat_at=now,
+            lease_until=bindparam("p_lease_until", type_=UTCDateTime()),
+            lease_ms=bindparam("p_lease_ms", type_=Integer()),
+            fencing_token=token,  # the job's counter, taken below in the same transaction
+        ),
+        read=select(executions).where(
+            ids,
+            executions.c.status == Status.RUNNING,
+            executions.c.instance_id == bindparam("p_instance"),
+        ),
+        advance=update(jobs).where(names).values(fencing_token=jobs.c.fencing_token + 1),
+    )
+
+
+async def take_many(
+    db: Database, wanted: list[Wanted], *, instance_id: str, now: datetime
+) -> Taken:
+    """Start many QUEUED executions on this instance in one transaction, at most one per job
+    (the others are left for the next look), in a few statements whatever their number. The
+    job's row lock orders a take against scheduled claims, so ``forbid`` holds across both: a
+    run holding a ``forbid`` job's lease keeps its queued execution waiting (``held``).
+    Executions another instance took meanwhile are simply absent."""
+    by_job: dict[str, Wanted] = {}
+    for item in wanted:
+        by_job.setdefault(item.job_name, item)
+    out = Taken()
+    if not by_job:
+        return out
+    sql = _take_many(db.dialect, db.server_clock)
+    async with db.transaction() as conn:
+        locked = set((await conn.execute(sql.lock, {"p_names": list(by_job)})).scalars())
+        out.busy = [item for name, item in by_job.items() if name not in locked]
+        forbid = [name for name in locked if by_job[name].forbid_overlap]
+        if forbid:
+            holders = await conn.execute(sql.holders, {"p_names": forbid, "p_now": now})
+            for row in holders:
+                out.held[by_job[row.job_name].execution_id] = row.lease_until
+        go = [by_job[n] for n in locked if by_job[n].execution_id not in out.held]
+        groups: dict[int, list[int]] = {}
+        for item in go:
+            groups.setdefault(item.lease_ms, []).append(item.execution_id)
+        for lease_ms, ids in groups.items():
+            await conn.execute(
+                sql.start,
+                {
+                    "p_ids": ids,
+                    "p_instance": instance_id,
+                    "p_now": now,
+                    "p_lease_until": now + timedelta(milliseconds=lease_ms),
+                    "p_lease_ms": lease_ms,
+                },
+            )
+        if not go:
+            return out
+        rows = (
+            await conn.execute(
+                sql.read, {"p_ids": [i.execution_id for i in go], "p_instance": instance_id}
+            )
+        ).all()
+        if rows:
+            await conn.execute(sql.advance, {"p_names": [r.job_name for r in rows]})
+    out.claims = [
+        Claim(
+            execution_id=int(row.id),
+            job_name=row.job_name,
+            scheduled_at=row.scheduled_at,
+            trigger=row.trigger,
+            status=Status.RUNNING,
+            attempt=row.attempt,
+            lease_until=row.lease_until,
+            lease_ms=row.lease_ms,
+            params=dict(row.params or {}),
+            state=dict(row.state or {}),
+            fencing_token=int(row.fencing_token),
+            started=False,
+        )
+        for row in rows
+    ]
+    return out

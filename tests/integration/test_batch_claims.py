@@ -16,7 +16,7 @@ from app.errors import RowBusy
 from app.registry import Registry, cron
 from app.roles import Collaborators
 from app.store import batch as batch_store
-from app.store import registrations
+from app.store import registrations, starts
 from app.store import runs as run_store
 from app.store.batch import Due
 from app.store.database import Database
@@ -125,8 +125,9 @@ async def test_a_batch_decides_each_job_by_the_rules_of_a_single_claim(db: Datab
 async def test_a_slot_claimed_ahead_starts_at_its_time_and_defers_a_held_lease(
     db: Database,
 ) -> None:
-    """Claimed before its time, a run is recorded as starting at its slot; a forbid job whose
-    previous run still holds the lease is left undecided, for overlap is judged at the slot."""
+    """Claimed before its time, a run has not started (no started_at) until its start is
+    stamped at its slot; a forbid job whose previous run still holds the lease is left
+    undecided, for overlap is judged at the slot."""
     await register(db, ["ahead", "busy"])
     await batch_store.claim_many(
         db, [due("busy", SLOT - timedelta(minutes=1))], instance_id="other", now=NOW
@@ -143,7 +144,15 @@ async def test_a_slot_claimed_ahead_starts_at_its_time_and_defers_a_held_lease(
     assert "busy" not in decided.claims and decided.held == []
     async with db.read() as conn:
         row = (await conn.execute(select(executions).where(executions.c.job_name == "ahead"))).one()
-    assert (row.created_at, row.started_at, row.heartbeat_at) == (early, SLOT, early)
+    assert (row.created_at, row.started_at, row.heartbeat_at) == (early, None, early)
+    claimed = decided.claims["ahead"].execution_id
+    before = await starts.start_runs(db, [claimed], instance_id="me", now=early)
+    assert before.early == {claimed}  # its slot has not come: nothing stamped
+    at = await starts.start_runs(db, [claimed], instance_id="me", now=SLOT)
+    assert at.started == {claimed}
+    async with db.read() as conn:
+        row = (await conn.execute(select(executions).where(executions.c.job_name == "ahead"))).one()
+    assert row.started_at == SLOT
     assert ("busy", SLOT.isoformat()) not in await recorded(db)
     assert (await high_water(db))["busy"] == (SLOT - timedelta(minutes=1), SLOT)
     # At its time, the same lease still held: now it is SKIPPED, as a single claim would.
@@ -178,8 +187,8 @@ async def test_jobs_due_together_are_claimed_ahead_and_started_at_their_slot(
                     executions.c.scheduled_at == slot
                 )
             )
-            started: int = sum(r.status == "RUNNING" and r.started_at == slot for r in rows)
-            return started == 40
+            claimed: int = sum(r.status == "RUNNING" and r.started_at is None for r in rows)
+            return claimed == 40
 
     await wait_for(all_claimed, what="the burst claimed ahead of its slot")
     assert ran == {}, "a run started before its slot"
@@ -188,6 +197,9 @@ async def test_jobs_due_together_are_claimed_ahead_and_started_at_their_slot(
     await clock.set(slot)
     await wait_for(lambda: len(ran) == 40, what="every run at its slot")
     assert set(ran.values()) == {slot}
+    async with db.read() as conn:
+        stamped = {r.started_at for r in await conn.execute(select(executions.c.started_at))}
+    assert stamped == {slot}, "started_at is when the body started: the slot"
 
     async def completed() -> bool:
         rows = await recorded(db)

@@ -1,0 +1,135 @@
+"""Kick-off: the moment a claimed run may start its body, decided by the database.
+
+A run claimed ahead of its slot (a burst), taken from the queue, or delayed by jitter has no
+``started_at`` yet. Its body starts only once :func:`app.store.starts.start_runs` has stamped it,
+at its time: until then another instance can have it handed back (its instance died, stopped or
+was fenced), and a pause committed before its time is honoured (``SKIPPED``).
+
+A burst's runs are kicked off together: one statement per chunk at the slot, whatever the
+number of runs (:meth:`Kickoff.at`); any other run, on its own (:meth:`Kickoff.one`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Collection
+from datetime import datetime
+
+from app import alerts
+from app.logs import run_fields
+from app.outage import DB_ERRORS, Backoff
+from app.roles import Collaborators
+from app.status import Status
+from app.store import starts
+from app.store.claims import Claim
+
+log = logging.getLogger("slotcron.runner")
+
+EARLY_RETRY = 0.001
+"""Seconds before a run the database's clock found early (its slot not come) is tried again."""
+
+
+class Kickoff:
+    def __init__(self, shared: Collaborators) -> None:
+        self.db = shared.db
+        self.clock = shared.clock
+        self.instance_id = shared.instance_id
+        self.outage = shared.outage
+        self.metrics = shared.metrics
+        self.closing = False
+        """Set by shutdown: no body starts any more; unstarted runs are handed back."""
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def at(self, slot: datetime, claims: Collection[Claim]) -> dict[int, asyncio.Future[bool]]:
+        """Start ``claims`` (runs claimed ahead of ``slot``) together once ``slot`` comes; each
+        one's future says whether its body may start. A future cancelled (its run was handed
+        back or stopped meanwhile) drops its run from the statement."""
+        loop = asyncio.get_running_loop()
+        futures = {claim.execution_id: loop.create_future() for claim in claims}
+        by_id = {claim.execution_id: claim for claim in claims}
+
+        async def kick() -> None:
+            try:
+                await self.clock.sleep_until(slot)
+                await self._start(by_id, futures)
+            finally:
+                for future in futures.values():
+                    if not future.done():
+                        future.set_result(False)
+
+        task = asyncio.create_task(kick(), name="slotcron-kickoff")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return futures
+
+    async def one(self, claim: Claim) -> bool:
+        """Start one run, at its slot at the earliest (a slot handed back before its time is
+        taken at once by another instance); whether its body may start."""
+        if claim.scheduled_at > self.clock.now():
+            await self.clock.sleep_until(claim.scheduled_at)
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        await self._start({claim.execution_id: claim}, {claim.execution_id: future})
+        return future.done() and future.result()
+
+    async def _start(
+        self, claims: dict[int, Claim], futures: dict[int, asyncio.Future[bool]]
+    ) -> None:
+        backoff = Backoff(jitter=0.5)
+        while True:
+            waiting = [i for i, future in futures.items() if not future.done()]
+            if not waiting or self.closing:
+                return
+            try:
+                done = await starts.start_runs(
+                    self.db, waiting, instance_id=self.instance_id, now=self.clock.now()
+                )
+            except DB_ERRORS as exc:
+                # Not started, still ours while the lease holds: try again. A run whose lease
+                # its instance can no longer vouch for is fenced by time, and its future goes.
+                self.outage.failed(exc, f"starting {len(waiting)} runs")
+                await backoff.wait()
+                continue
+            self.outage.recovered()
+            for execution_id in done.started:
+                _settle(futures[execution_id], True)
+            for execution_id in done.gone:
+                _settle(futures[execution_id], False)
+            for execution_id, reason in done.skipped.items():
+                self._skipped(claims[execution_id], reason)
+                _settle(futures[execution_id], False)
+            if done.early:
+                await asyncio.sleep(EARLY_RETRY)
+
+    def _skipped(self, claim: Claim, reason: str) -> None:
+        self.metrics.slot_recorded(claim.job_name, Status.SKIPPED)
+        skipped = Claim(
+            execution_id=claim.execution_id,
+            job_name=claim.job_name,
+            scheduled_at=claim.scheduled_at,
+            trigger=claim.trigger,
+            status=Status.SKIPPED,
+            attempt=claim.attempt,
+            lease_until=None,
+            lease_ms=None,
+            reason=reason,
+        )
+        alerts.of(self.instance_id).not_run(skipped)
+        log.info(
+            "%s slot %s SKIPPED: %s",
+            claim.job_name,
+            claim.scheduled_at.isoformat(),
+            reason,
+            extra=run_fields(
+                claim.job_name,
+                claim.scheduled_at,
+                claim.execution_id,
+                self.instance_id,
+                Status.SKIPPED,
+            ),
+        )
+
+
+def _settle(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)
