@@ -47,9 +47,9 @@ class Heartbeat(Role):
         self.incarnation: str | None = None
         """This process's hold on the instance id (set once it holds it): a renewal checks the
         instance row still names it."""
-        self.superseded = False
+        self.id_taken = False
         """True once another process took the instance id over."""
-        self.on_superseded: Callable[[], None] = lambda: None
+        self.on_id_taken: Callable[[], None] = lambda: None
         """Called once, when the instance id is found held by another process (the service
         shuts down then, and exits 1)."""
 
@@ -68,9 +68,9 @@ class Heartbeat(Role):
                     await self.clock.sync(samples=4)
 
     async def beat(self) -> None:
-        if self.superseded:
+        if self.id_taken:
             # Nothing is ours to renew any more; a run claimed since is fenced too.
-            self.supersede()
+            self.lose_id()
             return
         now = self.clock.now()
         # Trust starts when the renewal is sent, not when its answer comes back.
@@ -94,7 +94,7 @@ class Heartbeat(Role):
                 )
         except IncarnationLost:
             self.outage.recovered()
-            self.supersede()
+            self.lose_id()
             return
         except DB_ERRORS as exc:
             self.outage.failed(exc, "renewing leases")
@@ -114,14 +114,14 @@ class Heartbeat(Role):
                 )
                 self.runs.cancel(handle, CancelReason.FENCED)
 
-    def supersede(self) -> None:
+    def lose_id(self) -> None:
         """Another process holds our instance id: this one was paused or cut off long enough
         to be judged dead, and its runs may already be ABANDONED and retried elsewhere. Every
         run of ours is fenced, now and at every later beat (renewals stay refused), and the
         service is told once, to stop claiming and shut down. Called on the event loop (the
         watchdog's thread hands its finding over with ``call_soon_threadsafe``)."""
-        if not self.superseded:
-            self.superseded = True
+        if not self.id_taken:
+            self.id_taken = True
             log.error(
                 "instance id %s is now held by another process (a newer incarnation took it "
                 "over while this one was paused or cut off past its lease): fencing this "
@@ -130,7 +130,7 @@ class Heartbeat(Role):
                 self.instance_id,
                 len(self.runs),
             )
-            self.on_superseded()
+            self.on_id_taken()
         for handle in self.runs:
             if not handle.done.is_set():
                 self.runs.cancel(handle, CancelReason.FENCED)

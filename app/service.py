@@ -85,7 +85,7 @@ class Service:
         self.state: str = InstanceState.STARTING
         self.signals = Signals()
         self.exit_status = 0
-        """1 once another process took the instance id over (see :meth:`_superseded`)."""
+        """1 once another process took the instance id over (see :meth:`_id_taken`)."""
         # Counted only when there is an HTTP server to expose them.
         prometheus = PrometheusMetrics(self.clock) if settings.http_port is not None else None
         self.metrics: Metrics = prometheus or Metrics()
@@ -163,7 +163,7 @@ class Service:
             period=period,
             instance_state=lambda: self.state,
         )
-        self.heartbeat.on_superseded = self._superseded
+        self.heartbeat.on_id_taken = self._id_taken
         self.fencing = Fencing(shared, runs=self.runs)
         # Leases kept while a job blocks the loop (production clock only: a test's manual clock
         # does not move while the loop is blocked, and nothing lapses).
@@ -179,7 +179,7 @@ class Service:
                 metrics=self.metrics,
                 instance_state=lambda: self.state,
                 incarnation=lambda: self.heartbeat.incarnation,
-                on_superseded=self.heartbeat.supersede,
+                on_id_taken=self.heartbeat.lose_id,
             )
         self.http: HttpServer | None = None
         if prometheus is not None:
@@ -189,11 +189,11 @@ class Service:
         self.alerts = alerts.install(self)
 
     @property
-    def superseded(self) -> bool:
+    def id_taken(self) -> bool:
         """Another process holds our instance id: its row is no longer ours to write."""
-        return self.heartbeat.superseded
+        return self.heartbeat.id_taken
 
-    def _superseded(self) -> None:
+    def _id_taken(self) -> None:
         """Our instance id is held by another process: shut down at once, without a drain
         (every run is fenced, nothing of ours is left to wait for), and exit 1 so the
         orchestrator starts a fresh process."""

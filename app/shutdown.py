@@ -101,7 +101,7 @@ async def shut_down(service: Service, signals: Signals) -> None:
     for role in service.claiming:
         await role.stop()
     with contextlib.suppress(*DB_ERRORS):
-        if not service.superseded:  # else the row is another process's
+        if not service.id_taken:  # else the row is another process's
             await registrations.set_instance_state(
                 service.db,
                 instance_id=service.instance_id,
@@ -143,7 +143,7 @@ async def shut_down(service: Service, signals: Signals) -> None:
         await role.stop()  # the heartbeat first: a late beat must not undo "stopped"
     service.state = InstanceState.STOPPED
     try:
-        if not service.superseded:
+        if not service.id_taken:
             await registrations.set_instance_state(
                 service.db,
                 instance_id=service.instance_id,

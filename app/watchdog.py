@@ -15,7 +15,7 @@ runs freely the watchdog asks the database nothing.
 
 Its renewal is the heartbeat's (:func:`app.store.runs.renew`), with the same incarnation check:
 once the instance id is found held by another process, the watchdog renews nothing more and
-hands the finding to the loop (the heartbeat's ``supersede``: fence, log, shut down), which runs
+hands the finding to the loop (the heartbeat's ``lose_id``: fence, log, shut down), which runs
 it as soon as the loop is free again.
 """
 
@@ -62,7 +62,7 @@ class Watchdog:
         metrics: Metrics,
         instance_state: Callable[[], str],
         incarnation: Callable[[], str | None],
-        on_superseded: Callable[[], None],
+        on_id_taken: Callable[[], None],
     ) -> None:
         self._url = db.engine.url
         self._server_clock = db.server_clock
@@ -73,9 +73,9 @@ class Watchdog:
         self.metrics = metrics
         self.instance_state = instance_state
         self.incarnation = incarnation
-        self.on_superseded = on_superseded
+        self.on_id_taken = on_id_taken
         """Run on the loop (thread-safely) once the renewal finds the id held by another."""
-        self.superseded = False
+        self.id_taken = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._codes = {job.func.__code__: job.name for job in jobs if hasattr(job.func, "__code__")}
         self._mark = time.monotonic()
@@ -130,7 +130,7 @@ class Watchdog:
                 if stalled_since is None:
                     stalled_since = self._mark
                     culprit = self._blocking_job()
-                if now - renewed_at >= self.period and len(self.runs) and not self.superseded:
+                if now - renewed_at >= self.period and len(self.runs) and not self.id_taken:
                     renewed_at = now
                     if db is None:
                         db = Database.connect(self._url, 1)
@@ -172,10 +172,10 @@ class Watchdog:
                 )
         except IncarnationLost:
             # Renew nothing more: the runs' deadlines pass and they are fenced by time.
-            self.superseded = True
+            self.id_taken = True
             if self._loop is not None:
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                    self._loop.call_soon_threadsafe(self.on_superseded)
+                    self._loop.call_soon_threadsafe(self.on_id_taken)
             return
         except DB_ERRORS as exc:
             log.warning("could not renew leases while the loop is blocked: %s", describe(exc))

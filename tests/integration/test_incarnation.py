@@ -65,7 +65,7 @@ async def heartbeat_at(db: Database) -> datetime:
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mariadb"], indirect=True)
-async def test_a_superseded_incarnation_fences_all_its_runs_and_logs_an_error(
+async def test_an_incarnation_whose_id_was_taken_fences_all_its_runs_and_logs_an_error(
     db: Database, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = ManualClock(datetime(2030, 1, 1, tzinfo=UTC))
@@ -80,7 +80,7 @@ async def test_a_superseded_incarnation_fences_all_its_runs_and_logs_an_error(
     assert run.cancel_reason is CancelReason.FENCED and run.lease_lost.is_set()
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "held by another process" in errors[0], errors  # logged once
-    assert resumed.superseded
+    assert resumed.id_taken
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mariadb"], indirect=True)
@@ -93,14 +93,14 @@ async def test_only_the_incarnation_holding_the_id_renews_its_row(
     await clock.advance(1)
     with caplog.at_level(logging.ERROR, logger="slotcron.heartbeat"):
         await heartbeat(db, clock, Runs(), old).beat()
-    assert await heartbeat_at(db) == taken_at, "the superseded process renewed the row"
+    assert await heartbeat_at(db) == taken_at, "the process whose id was taken renewed the row"
     assert any(r.levelno == logging.ERROR for r in caplog.records)
     caplog.clear()
     holder = heartbeat(db, clock, Runs(), new)
     with caplog.at_level(logging.ERROR, logger="slotcron.heartbeat"):
         await holder.beat()
     assert await heartbeat_at(db) > taken_at
-    assert not holder.superseded and not caplog.records
+    assert not holder.id_taken and not caplog.records
 
 
 LEASE_MS = 60_000  # a long lease: only what the test does can end it
@@ -167,7 +167,7 @@ async def test_the_holder_of_the_id_renews_its_own_runs_never_one_an_older_incar
     await holder.beat()
 
     assert await row(db, ours) == ("RUNNING", clock.now() + timedelta(milliseconds=LEASE_MS))
-    assert run.cancel_reason is None and not holder.superseded
+    assert run.cancel_reason is None and not holder.id_taken
     assert await row(db, theirs) == ("RUNNING", their_lease), "the older incarnation's run kept"
 
 
@@ -192,7 +192,7 @@ async def test_the_runs_of_a_paused_process_are_abandoned_at_takeover_though_the
 
     status, _ = await row(db, theirs)
     assert status == "ABANDONED"
-    assert resumed.superseded
+    assert resumed.id_taken
 
 
 def watchdog(
@@ -213,7 +213,7 @@ def watchdog(
         metrics=Metrics(),
         instance_state=lambda: "running",
         incarnation=lambda: incarnation,
-        on_superseded=lambda: told.append("superseded"),
+        on_id_taken=lambda: told.append("superseded"),
     )
 
 
@@ -225,7 +225,7 @@ def block_until(condition: Callable[[], object], timeout: float) -> None:
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mariadb"], indirect=True)
-async def test_the_watchdog_of_a_superseded_process_renews_nothing_and_tells_the_loop(
+async def test_the_watchdog_of_a_process_whose_id_was_taken_renews_nothing_and_tells_the_loop(
     db: Database,
 ) -> None:
     clock = ManualClock(datetime(2030, 1, 1, tzinfo=UTC))
@@ -242,24 +242,24 @@ async def test_the_watchdog_of_a_superseded_process_renews_nothing_and_tells_the
         dog.start()
         try:
             await asyncio.sleep(0)  # the ticker marks the loop alive once
-            block_until(lambda: dog.superseded or dog.renewals, 10 * STALL)  # noqa: B023
+            block_until(lambda: dog.id_taken or dog.renewals, 10 * STALL)  # noqa: B023
             await wait_for(lambda: told or renews, what="the watchdog to tell the loop")  # noqa: B023
         finally:
             await dog.stop()
         if renews:
-            assert dog.renewals >= 1 and not dog.superseded and not told
+            assert dog.renewals >= 1 and not dog.id_taken and not told
             assert await row(db, mine) == (
                 "RUNNING",
                 clock.now() + timedelta(milliseconds=LEASE_MS),
             )
         else:
-            assert dog.superseded and dog.renewals == 0 and told == ["superseded"]
-            assert await row(db, mine) == ("RUNNING", lease), "the superseded watchdog renewed"
+            assert dog.id_taken and dog.renewals == 0 and told == ["superseded"]
+            assert await row(db, mine) == ("RUNNING", lease), "the watchdog whose id was taken renewed"
             assert await heartbeat_at(db) == taken_at
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mariadb"], indirect=True)
-async def test_a_superseded_service_stops_claiming_shuts_down_leaving_the_row_and_exits_1(
+async def test_a_service_whose_id_was_taken_stops_claiming_shuts_down_leaving_the_row_and_exits_1(
     db: Database, start_service: ServiceFactory
 ) -> None:
     registry = Registry()
@@ -276,7 +276,7 @@ async def test_a_superseded_service_stops_claiming_shuts_down_leaving_the_row_an
         )
     await wait_for(service.signals.requested.is_set, what="the shutdown to be requested")
     assert service.signals.hurry.is_set(), "a drain would wait for runs fenced anyway"
-    assert service.exit_status == 1 and service.superseded
+    assert service.exit_status == 1 and service.id_taken
     await service.stop(service.signals)
     async with db.read() as conn:
         incarnation, state = (
