@@ -101,6 +101,8 @@ async def test_each_failure_and_abandoned_run_is_sent_once_by_a_cluster_of_two(
                     attempt=1,
                     instance_id="ghost",
                     created_at=datetime(2020, 1, 1, tzinfo=UTC),
+                    # Its body started: a run that never started would be handed back instead.
+                    started_at=datetime(2020, 1, 1, tzinfo=UTC),
                     lease_until=datetime(2020, 1, 1, 0, 1, tzinfo=UTC),
                     lease_ms=60_000,
                 )
