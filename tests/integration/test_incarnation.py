@@ -254,7 +254,7 @@ async def test_the_watchdog_of_a_process_whose_id_was_taken_renews_nothing_and_t
             )
         else:
             assert dog.id_taken and dog.renewals == 0 and told == ["superseded"]
-            assert await row(db, mine) == ("RUNNING", lease), "the watchdog whose id was taken renewed"
+            assert await row(db, mine) == ("RUNNING", lease), "a taken-over watchdog renewed"
             assert await heartbeat_at(db) == taken_at
 
 
