@@ -11,6 +11,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     Index,
     Integer,
     MetaData,
@@ -83,7 +84,27 @@ jobs = Table(
     Column("schedules", JSON, nullable=True),
     # The last fencing token a run of this job took (migration 0003).
     Column("fencing_token", BigInteger, nullable=False, server_default="0", default=0),
+    # A runtime schedule (migration 0005): the task it runs (NULL on a code job), its params
+    # and its own jitter (NULL: the task's). Its id is ``name``; ``registered_at`` its creation.
+    Column("task", String(200), nullable=True),
+    Column("params", JSON, nullable=True),
+    Column("jitter", Float, nullable=True),
     Index("ix_scheduler_jobs_next_slot", "next_slot_at"),
+    Index("ix_scheduler_jobs_task", "task", "name"),
+)
+
+# One row per ``@task`` name, as its instances registered it (migration 0005): what a client
+# or the API, which import no task code, know of a task.
+tasks = Table(
+    "scheduler_tasks",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("options", JSON, nullable=False),
+    Column("timezone", String(64), nullable=True),
+    Column("registered_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Column("updated_by", String(200), nullable=True),
+    Column("version", String(32), nullable=True),
 )
 
 executions = Table(

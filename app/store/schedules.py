@@ -1,0 +1,333 @@
+"""Runtime schedules in the database: each a row of ``scheduler_jobs`` whose ``task`` is set.
+
+Why a row of the jobs table rather than a table of its own: a schedule's slots obey every
+guarantee of a job's, and those guarantees live in that row (the ``FOR UPDATE NOWAIT`` lock of a
+claim, the ``last_slot_at`` high-water mark, ``paused``, the fencing token, the stored options
+the leader reads for retries and alerts). Sharing the row shares them, with pause, resume,
+trigger, restart and history by id, and makes ids unique among jobs and schedules by the
+primary key, race-free. ``next_slot_at`` is indexed, so an instance can load only what is due
+soon; listings of code jobs filter on ``task IS NULL``.
+
+Each write computes the schedule's next slot by the database's clock and, on PostgreSQL,
+announces itself on :data:`CHANNEL` when it commits (payload: the verb and the earliest next
+slot it sets), so an instance can take it into account within a second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import delete, insert, select
+from sqlalchemy.exc import IntegrityError
+
+from app.errors import InvalidJobError, NotFound, Refused
+from app.records import iso
+from app.registry import REGISTRY, Job, Registry
+from app.schedules import ScheduleRecord, ScheduleSpec, TaskInfo, changed_spec, new_spec
+from app.store.database import Database
+from app.store.tables import jobs, tasks
+
+CHANNEL = "slotcron_schedules"
+CHUNK = 1000
+"""Rows per multi-row INSERT: 18 columns each keeps a chunk under every driver's limit of bound
+parameters (asyncpg's 32,767; SQLite's 32,766)."""
+
+_COLUMNS = (
+    jobs.c.name,
+    jobs.c.task,
+    jobs.c.kind,
+    jobs.c.schedule,
+    jobs.c.timezone,
+    jobs.c.params,
+    jobs.c.jitter,
+    jobs.c.paused,
+    jobs.c.registered_at,
+    jobs.c.updated_at,
+    jobs.c.next_slot_at,
+)
+
+
+def _record(row: Any) -> ScheduleRecord:
+    return ScheduleRecord(
+        spec=ScheduleSpec(
+            id=row.name,
+            task=row.task,
+            kind=row.kind,
+            expression=row.schedule,
+            timezone=row.timezone,
+            params=dict(row.params or {}),
+            jitter=row.jitter,
+            paused=bool(row.paused),
+        ),
+        created_at=row.registered_at,
+        updated_at=row.updated_at,
+        next_slot=row.next_slot_at,
+    )
+
+
+# Tasks
+
+
+async def register_tasks(
+    db: Database, registered: Sequence[Job], *, now: datetime, instance_id: str, version: str
+) -> None:
+    """Record (or refresh) this instance's ``@task`` names, so writers that do not import the
+    task code know them and their options."""
+    if not registered:
+        return
+    rows = [
+        {
+            "name": t.name,
+            "options": t.options(),
+            "timezone": t.timezone,
+            "registered_at": now,
+            "updated_at": now,
+            "updated_by": instance_id,
+            "version": version,
+        }
+        for t in registered
+    ]
+    async with db.transaction() as conn:
+        for start in range(0, len(rows), CHUNK):
+            await conn.execute(
+                db.dialect.upsert(
+                    tasks,
+                    rows[start : start + CHUNK],
+                    keys=["name"],
+                    update=["options", "timezone", "updated_at", "updated_by", "version"],
+                )
+            )
+
+
+async def known_tasks(
+    db: Database, names: Collection[str], registry: Registry = REGISTRY
+) -> dict[str, TaskInfo]:
+    """What this process knows of each named task: its own ``@task`` registration first, else
+    what an instance recorded. A name in neither is absent (an unknown task)."""
+    found: dict[str, TaskInfo] = {}
+    for name in names:
+        local = registry.task(name)
+        if local is not None:
+            found[name] = TaskInfo(name, local.options(), local.timezone)
+    missing = [n for n in names if n not in found]
+    for start in range(0, len(missing), CHUNK):
+        async with db.read() as conn:
+            rows = await conn.execute(
+                select(tasks.c.name, tasks.c.options, tasks.c.timezone).where(
+                    tasks.c.name.in_(missing[start : start + CHUNK])
+                )
+            )
+            for r in rows:
+                found[r.name] = TaskInfo(r.name, dict(r.options or {}), r.timezone)
+    return found
+
+
+# Writes
+
+
+async def create(
+    db: Database,
+    items: Sequence[Mapping[str, Any]],
+    *,
+    default_timezone: str,
+    by: str,
+    registry: Registry = REGISTRY,
+) -> list[ScheduleRecord]:
+    """Check and store new schedules (each a mapping of :data:`app.schedules.FIELDS`), all or
+    none: the one write path of the CLI, the API and the client."""
+    for position, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise InvalidJobError(
+                "?", f"schedules[{position}]", f"must be a mapping, got {type(item).__name__}"
+            )
+    names = {t for item in items if isinstance(t := item.get("task"), str)}
+    known = await known_tasks(db, names, registry)
+    specs = [
+        new_spec(
+            item,
+            task=known.get(t) if isinstance(t := item.get("task"), str) else None,
+            default_timezone=default_timezone,
+        )
+        for item in items
+    ]
+    return await add_many(db, specs, tasks=known, now=await db.now(), by=by)
+
+
+async def add(
+    db: Database, spec: ScheduleSpec, *, task: TaskInfo, now: datetime, by: str
+) -> ScheduleRecord:
+    """Store one schedule; :func:`add_many` with one."""
+    return (await add_many(db, [spec], tasks={task.name: task}, now=now, by=by))[0]
+
+
+async def add_many(
+    db: Database,
+    specs: Sequence[ScheduleSpec],
+    *,
+    tasks: Mapping[str, TaskInfo],
+    now: datetime,
+    by: str,
+) -> list[ScheduleRecord]:
+    """Store many schedules in one transaction, all or none, one multi-row INSERT per
+    :data:`CHUNK`. An id already taken (by a job, a schedule, or twice in ``specs``) refuses
+    the whole batch with :class:`InvalidJobError` naming it. ``tasks`` gives each task's
+    options, stored with its schedules for what reads them without the code (the leader)."""
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.id in seen:
+            raise InvalidJobError(spec.id, "id", "given twice in this batch")
+        seen.add(spec.id)
+    records = [ScheduleRecord(s, now, now, s.schedule().next_after(now)) for s in specs]
+    rows = [_row(r, tasks[r.spec.task], by) for r in records]
+    try:
+        async with db.transaction() as conn:
+            for start in range(0, len(rows), CHUNK):
+                await conn.execute(insert(jobs).values(rows[start : start + CHUNK]))
+            if records:
+                earliest = min(r.next_slot for r in records if r.next_slot is not None)
+                await db.dialect.notify(conn, CHANNEL, f"add {iso(earliest)}")
+    except IntegrityError:
+        taken = await _taken([s.id for s in specs], db)
+        if not taken:
+            raise
+        raise InvalidJobError(
+            taken[0], "id", "already taken by a job or a schedule"
+        ) from None
+    return records
+
+
+def _row(record: ScheduleRecord, task: TaskInfo, by: str) -> dict[str, Any]:
+    spec = record.spec
+    return {
+        "name": spec.id,
+        "task": spec.task,
+        "kind": spec.kind,
+        "schedule": spec.expression,
+        "timezone": spec.timezone,
+        "options": task.options,
+        "params": spec.params,
+        "jitter": spec.jitter,
+        "paused": spec.paused,
+        "paused_reason": None,
+        "last_slot_at": None,
+        "next_slot_at": record.next_slot,
+        "registered_at": record.created_at,
+        "updated_at": record.updated_at,
+        "updated_by": by,
+        "version": None,
+        "schedules": None,
+        "fencing_token": 0,
+    }
+
+
+async def _taken(ids: Sequence[str], db: Database) -> list[str]:
+    taken: set[str] = set()
+    for start in range(0, len(ids), CHUNK):
+        async with db.read() as conn:
+            rows = await conn.execute(
+                select(jobs.c.name).where(jobs.c.name.in_(ids[start : start + CHUNK]))
+            )
+            taken.update(r.name for r in rows)
+    return [i for i in ids if i in taken]
+
+
+async def update(
+    db: Database, schedule_id: str, changes: Mapping[str, Any], *, now: datetime, by: str
+) -> ScheduleRecord:
+    """Apply ``changes`` (:data:`app.schedules.CHANGEABLE`) to a schedule. A new timing takes
+    effect from its first slot after both now and the last slot decided (a decided slot is
+    never re-opened); otherwise the next slot stays. A code job is refused (:class:`Refused`)."""
+    async with db.transaction() as conn:
+        row = await _locked(conn, schedule_id)
+        current = _record(row)
+        spec = changed_spec(current.spec, changes)
+        next_slot = current.next_slot
+        if spec.timing() != current.spec.timing() or next_slot is None:
+            after = max(now, row.last_slot_at) if row.last_slot_at is not None else now
+            next_slot = spec.schedule().next_after(after)
+        await conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.name == schedule_id)
+            .values(
+                kind=spec.kind,
+                schedule=spec.expression,
+                timezone=spec.timezone,
+                params=spec.params,
+                jitter=spec.jitter,
+                paused=spec.paused,
+                next_slot_at=next_slot,
+                updated_at=now,
+                updated_by=by,
+            )
+        )
+        await db.dialect.notify(conn, CHANNEL, f"update {iso(next_slot)}")
+    return ScheduleRecord(spec, current.created_at, now, next_slot)
+
+
+async def remove(db: Database, schedule_id: str) -> None:
+    """Delete a schedule: no further slot of it runs; its history stays."""
+    async with db.transaction() as conn:
+        await _locked(conn, schedule_id)
+        await conn.execute(delete(jobs).where(jobs.c.name == schedule_id))
+        await db.dialect.notify(conn, CHANNEL, "remove")
+
+
+async def _locked(conn: Any, schedule_id: str) -> Any:
+    row = (
+        await conn.execute(
+            select(*_COLUMNS, jobs.c.last_slot_at)
+            .where(jobs.c.name == schedule_id)
+            .with_for_update()
+        )
+    ).one_or_none()
+    if row is None:
+        raise NotFound(f"no schedule with id {schedule_id!r}")
+    if row.task is None:
+        raise Refused(
+            f"{schedule_id!r} is a @cron/@every job, owned by its code: change it there, not "
+            "at runtime"
+        )
+    return row
+
+
+# Reads
+
+
+async def get(db: Database, schedule_id: str) -> ScheduleRecord:
+    async with db.read() as conn:
+        row = (
+            await conn.execute(select(*_COLUMNS).where(jobs.c.name == schedule_id))
+        ).one_or_none()
+    if row is None or row.task is None:
+        what = "" if row is None else f" ({schedule_id!r} is a @cron/@every job)"
+        raise NotFound(f"no schedule with id {schedule_id!r}{what}")
+    return _record(row)
+
+
+async def list_schedules(
+    db: Database, *, task: str | None = None, limit: int = 100, offset: int = 0
+) -> list[ScheduleRecord]:
+    """Schedules ordered by id, ``task``'s only when given."""
+    which = jobs.c.task.is_not(None) if task is None else jobs.c.task == task
+    async with db.read() as conn:
+        rows = await conn.execute(
+            select(*_COLUMNS).where(which).order_by(jobs.c.name).limit(limit).offset(offset)
+        )
+        return [_record(r) for r in rows]
+
+
+async def schedule_ids_among(db: Database, names: Sequence[str]) -> list[str]:
+    """Which of ``names`` are schedules: a code job cannot take a schedule's id."""
+    found: list[str] = []
+    for start in range(0, len(names), CHUNK):
+        async with db.read() as conn:
+            rows = await conn.execute(
+                select(jobs.c.name).where(
+                    jobs.c.name.in_(names[start : start + CHUNK]), jobs.c.task.is_not(None)
+                )
+            )
+            found.extend(r.name for r in rows)
+    return found
