@@ -32,7 +32,8 @@ from app.outcomes import Outcomes
 from app.permits import Permits
 from app.planner import Planner
 from app.queued import QueuedRuns
-from app.registry import Job
+from app.errors import InvalidJobError
+from app.registry import REGISTRY, Job
 from app.roles import Collaborators, Role, Stoppable
 from app.runner import Runner
 from app.shutdown import Signals, shut_down
@@ -42,6 +43,7 @@ from app.store import batch as batch_store
 from app.store import claims as claim_store
 from app.store import lifeline, migrate, registrations
 from app.store import runs as run_store
+from app.store import schedules as schedule_store
 from app.store.database import Database
 from app.store.registrations import JobRow
 from app.version import __version__
@@ -58,7 +60,15 @@ QUEUE_POLL_SECONDS = 1.0
 class Service:
     """One slotcron instance. ``clock`` defaults to the database's clock."""
 
-    def __init__(self, settings: Settings, jobs: Sequence[Job], clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        jobs: Sequence[Job],
+        clock: Clock | None = None,
+        tasks: Sequence[Job] | None = None,
+    ) -> None:
+        self.tasks = REGISTRY.tasks() if tasks is None else list(tasks)
+        """The ``@task`` tasks this instance records for writers of schedules (issue 15)."""
         self.settings = settings
         self.jobs = list(jobs)
         self.instance_id = settings.instance_id
@@ -241,8 +251,16 @@ class Service:
             )
             for job in self.jobs
         ]
+        taken = await schedule_store.schedule_ids_among(self.db, [row.name for row in rows])
+        if taken:  # registering would overwrite a runtime schedule's row
+            raise InvalidJobError(
+                taken[0], "name", "is the id of a runtime schedule: rename the job or remove it"
+            )
         stored = await registrations.register_jobs(
             self.db, rows, now=now, instance_id=self.instance_id, version=__version__
+        )
+        await schedule_store.register_tasks(
+            self.db, self.tasks, now=now, instance_id=self.instance_id, version=__version__
         )
         for row in rows:
             prior = stored.get(row.name)
