@@ -115,8 +115,8 @@ def _params(args: argparse.Namespace, who: str) -> dict[str, Any] | None:
             raise InvalidJobError(
                 who, "params", f"--params-json must be a JSON object, got {type(params).__name__}"
             )
-    params.update(dict(args.param))
-    return params
+    merged: dict[str, Any] = {**params, **dict(args.param)}
+    return merged
 
 
 def _given(args: argparse.Namespace, who: str) -> dict[str, Any]:

@@ -68,7 +68,7 @@ class Client:
         every: float | None = None,
         timezone: str | None = None,
         params: Mapping[str, Any] | None = None,
-        id: str | None = None,  # noqa: A002 - the contract's name
+        id: str | None = None,
         jitter: float | None = None,
         paused: bool = False,
     ) -> dict[str, Any]:
@@ -90,7 +90,7 @@ class Client:
 
     async def update_schedule(
         self,
-        id: str,  # noqa: A002 - the contract's name
+        id: str,
         *,
         cron: str | None = None,
         every: float | None = None,
@@ -112,11 +112,11 @@ class Client:
         record = await store.update(self.db, id, changes, now=await self.db.now(), by="client")
         return schedule_json(record)
 
-    async def remove_schedule(self, id: str) -> None:  # noqa: A002 - the contract's name
+    async def remove_schedule(self, id: str) -> None:
         """Delete a schedule: no further slot of it runs; its history stays."""
         await store.remove(self.db, id)
 
-    async def get_schedule(self, id: str) -> dict[str, Any]:  # noqa: A002
+    async def get_schedule(self, id: str) -> dict[str, Any]:
         return schedule_json(await store.get(self.db, id))
 
     async def list_schedules(

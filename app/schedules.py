@@ -35,6 +35,8 @@ CHANGEABLE = ("cron", "every", "timezone", "params", "jitter", "paused")
 MAX_PARAMS_BYTES = 64 * 1024
 MAX_JITTER = 86_400.0
 MIN_EVERY = 0.001
+MAX_EVERY = 366 * 86_400.0
+MAX_CRON = 200  # as the jobs table's schedule column
 
 
 @dataclass(frozen=True)
@@ -170,18 +172,20 @@ def _timing(who: str, cron: Any, every: Any) -> tuple[Literal["cron", "interval"
     if cron is not None:
         if not isinstance(cron, str):
             raise _refuse(who, "cron", f"must be a cron expression string, got {cron!r}")
+        if len(cron) > MAX_CRON:
+            raise _refuse(who, "cron", f"has at most {MAX_CRON} characters, got {len(cron)}")
         try:
             normalise_cron(cron)
         except ValueError as exc:
             raise _refuse(who, "cron", str(exc)) from None
         return "cron", cron
     if every is not None:
-        if isinstance(every, bool) or not isinstance(every, int | float) or not math.isfinite(every):
+        if not _finite_number(every):
             raise _refuse(who, "every", f"must be a number of seconds, got {every!r}")
         if every <= 0:
             raise _refuse(who, "every", f"must be positive, got {every:g} seconds")
-        if every < MIN_EVERY:
-            raise _refuse(who, "every", f"must be at least 1 ms, got {every:g} s")
+        if not MIN_EVERY <= every <= MAX_EVERY:
+            raise _refuse(who, "every", f"must be between 1 ms and 366 days, got {every:g} s")
         return "interval", f"{float(every):g}"
     raise _refuse(who, "cron", "give cron (an expression) or every (seconds)")
 
@@ -215,11 +219,17 @@ def _params(who: str, params: Any) -> dict[str, Any]:
 def _jitter(who: str, jitter: Any) -> float | None:
     if jitter is None:
         return None
-    if isinstance(jitter, bool) or not isinstance(jitter, int | float) or not math.isfinite(jitter):
+    if not _finite_number(jitter):
         raise _refuse(who, "jitter", f"must be a number of seconds, got {jitter!r}")
     if not 0 <= jitter <= MAX_JITTER:
-        raise _refuse(who, "jitter", f"must be between 0 and {MAX_JITTER:g} seconds, got {jitter:g}")
+        raise _refuse(
+            who, "jitter", f"must be between 0 and {MAX_JITTER:g} seconds, got {jitter:g}"
+        )
     return float(jitter)
+
+
+def _finite_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
 def _flag(who: str, field: str, value: Any) -> bool:

@@ -19,7 +19,7 @@ from app.burst import Burst
 from app.claims import Claimer
 from app.clock import Clock, DatabaseClock
 from app.config import Settings
-from app.errors import ConfigError
+from app.errors import ConfigError, InvalidJobError
 from app.fencing import Fencing
 from app.firing import Firing
 from app.heartbeat import Heartbeat
@@ -32,7 +32,6 @@ from app.outcomes import Outcomes
 from app.permits import Permits
 from app.planner import Planner
 from app.queued import QueuedRuns
-from app.errors import InvalidJobError
 from app.registry import REGISTRY, Job
 from app.roles import Collaborators, Role, Stoppable
 from app.runner import Runner

@@ -193,9 +193,7 @@ async def add_many(
         taken = await _taken([s.id for s in specs], db)
         if not taken:
             raise
-        raise InvalidJobError(
-            taken[0], "id", "already taken by a job or a schedule"
-        ) from None
+        raise InvalidJobError(taken[0], "id", "already taken by a job or a schedule") from None
     return records
 
 
