@@ -16,11 +16,13 @@ registered it with ``@task`` or an instance recorded it (see :mod:`app.schedules
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
+from app.clock import DatabaseClock
 from app.config import load_settings
-from app.schedules import schedule_json
+from app.schedules import TaskInfo, schedule_json
 from app.store import schedules as store
 from app.store.database import Database
 
@@ -39,10 +41,27 @@ class Client:
             overrides["timezone"] = timezone
         self._settings = load_settings(**overrides)
         self._db: Database | None = None
+        self._clock: DatabaseClock | None = None
+        self._tasks: dict[str, TaskInfo] = {}
 
     async def __aenter__(self) -> Client:
         self._db = Database.connect(self._settings.url, POOL_SIZE, create=False)
+        # Slots are computed by the database's clock, sampled once (and again after a step of
+        # this machine's clock), not asked for at every write.
+        self._clock = DatabaseClock(self._db.clock_sample)
+        try:
+            await self._clock.sync()
+        except BaseException:
+            await self._db.close()
+            self._db = None
+            raise
         return self
+
+    async def _now(self) -> datetime:
+        assert self._clock is not None
+        if self._clock.wall_stepped():
+            await self._clock.sync()
+        return self._clock.now()
 
     async def __aexit__(
         self,
@@ -84,7 +103,12 @@ class Client:
         """Create many schedules in one transaction, all or none (each a mapping with the
         keywords of :meth:`add_schedule`); returns them in order."""
         records = await store.create(
-            self.db, list(items), default_timezone=self._settings.timezone, by="client"
+            self.db,
+            list(items),
+            default_timezone=self._settings.timezone,
+            by="client",
+            now=await self._now(),
+            remembered=self._tasks,
         )
         return [schedule_json(r) for r in records]
 
@@ -109,7 +133,7 @@ class Client:
             "paused": paused,
         }
         changes = {k: v for k, v in given.items() if v is not None}
-        record = await store.update(self.db, id, changes, now=await self.db.now(), by="client")
+        record = await store.update(self.db, id, changes, now=await self._now(), by="client")
         return schedule_json(record)
 
     async def remove_schedule(self, id: str) -> None:

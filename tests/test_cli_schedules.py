@@ -9,6 +9,7 @@ import os
 import subprocess
 import textwrap
 from datetime import UTC, datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,7 @@ async def test_schedules_are_added_listed_shown_updated_and_removed_from_the_com
     assert shown["timezone"] == "Asia/Seoul" and shown["params"] == {"tenant": "7"}
     slots = [datetime.fromisoformat(s.replace("Z", "+00:00")) for s in shown["next_slots"]]
     assert len(slots) == 5 and all((s.hour, s.minute) == (0, 0) for s in slots)
-    assert all((b - a).days == 1 for a, b in zip(slots, slots[1:], strict=False))
+    assert all((b - a).days == 1 for a, b in pairwise(slots))
     assert cli.ok("show", new_id).count("T00:00:00Z") == 5
 
     changed = cli.json("update", "tenant-8", "--cron", "*/10 * * * * *")

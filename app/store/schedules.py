@@ -32,8 +32,9 @@ from app.store.tables import jobs, tasks
 
 CHANNEL = "slotcron_schedules"
 CHUNK = 1000
-"""Rows per multi-row INSERT: 18 columns each keeps a chunk under every driver's limit of bound
-parameters (asyncpg's 32,767; SQLite's 32,766)."""
+"""Names per ``IN (...)`` list. Inserts go in SQLAlchemy's "insertmanyvalues" pages of 1,000
+rows: 14 bound columns each stays under every driver's limit of bound parameters (asyncpg's
+32,767; SQLite's 32,766)."""
 
 _COLUMNS = (
     jobs.c.name,
@@ -135,16 +136,24 @@ async def create(
     default_timezone: str,
     by: str,
     registry: Registry = REGISTRY,
+    now: datetime | None = None,
+    remembered: dict[str, TaskInfo] | None = None,
 ) -> list[ScheduleRecord]:
     """Check and store new schedules (each a mapping of :data:`app.schedules.FIELDS`), all or
-    none: the one write path of the CLI, the API and the client."""
+    none: the one write path of the CLI, the API and the client. ``now`` defaults to a sample
+    of the database's clock; ``remembered`` keeps tasks found known across calls (a task, once
+    recorded, stays: a long-lived writer asks for it once)."""
     for position, item in enumerate(items):
         if not isinstance(item, Mapping):
             raise InvalidJobError(
                 "?", f"schedules[{position}]", f"must be a mapping, got {type(item).__name__}"
             )
     names = {t for item in items if isinstance(t := item.get("task"), str)}
-    known = await known_tasks(db, names, registry)
+    known = {n: remembered[n] for n in names if remembered is not None and n in remembered}
+    if len(known) < len(names):
+        known.update(await known_tasks(db, names - set(known), registry))
+        if remembered is not None:
+            remembered.update(known)
     specs = [
         new_spec(
             item,
@@ -153,7 +162,8 @@ async def create(
         )
         for item in items
     ]
-    return await add_many(db, specs, tasks=known, now=await db.now(), by=by)
+    when = now if now is not None else await db.now()
+    return await add_many(db, specs, tasks=known, now=when, by=by)
 
 
 async def add(
@@ -184,8 +194,9 @@ async def add_many(
     rows = [_row(r, tasks[r.spec.task], by) for r in records]
     try:
         async with db.transaction() as conn:
-            for start in range(0, len(rows), CHUNK):
-                await conn.execute(insert(jobs).values(rows[start : start + CHUNK]))
+            # RETURNING makes SQLAlchemy send "insertmanyvalues": one multi-row INSERT per
+            # CHUNK rows, compiled once (a .values() list is compiled anew per statement).
+            await conn.execute(insert(jobs).returning(jobs.c.name), rows)
             if records:
                 earliest = min(r.next_slot for r in records if r.next_slot is not None)
                 await db.dialect.notify(conn, CHANNEL, f"add {iso(earliest)}")
@@ -209,15 +220,11 @@ def _row(record: ScheduleRecord, task: TaskInfo, by: str) -> dict[str, Any]:
         "params": spec.params,
         "jitter": spec.jitter,
         "paused": spec.paused,
-        "paused_reason": None,
-        "last_slot_at": None,
         "next_slot_at": record.next_slot,
         "registered_at": record.created_at,
         "updated_at": record.updated_at,
         "updated_by": by,
-        "version": None,
-        "schedules": None,
-        "fencing_token": 0,
+        # The other columns keep their defaults (NULL; fencing token 0): fewer bound values.
     }
 
 
