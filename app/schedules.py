@@ -218,9 +218,7 @@ def _params(who: str, params: Any) -> dict[str, Any]:
         raise _refuse(who, "params", "contains a NUL character")
     if len(text) > MAX_PARAMS_BYTES:
         raise _refuse(who, "params", f"is {len(text)} bytes as JSON; at most {MAX_PARAMS_BYTES}")
-    # What is stored is what a job will read back: JSON's view of it (tuples become lists).
-    loaded: dict[str, Any] = json.loads(text)
-    return loaded
+    return dict(params)
 
 
 def _jitter(who: str, jitter: Any) -> float | None:
@@ -256,6 +254,10 @@ def next_slots(record: ScheduleRecord, count: int) -> list[datetime]:
     return slots
 
 
+_iso = functools.lru_cache(maxsize=1024)(iso)
+"""A batch's schedules share their timestamps: each is written out once."""
+
+
 def schedule_json(record: ScheduleRecord) -> dict[str, Any]:
     """The one JSON shape of a schedule (``--json``, the API, the client's dicts)."""
     spec = record.spec
@@ -269,7 +271,7 @@ def schedule_json(record: ScheduleRecord) -> dict[str, Any]:
         "params": spec.params,
         "jitter": spec.jitter,
         "paused": spec.paused,
-        "created_at": iso(record.created_at),
-        "updated_at": iso(record.updated_at),
-        "next_slot": iso(record.next_slot),
+        "created_at": _iso(record.created_at),
+        "updated_at": _iso(record.updated_at),
+        "next_slot": _iso(record.next_slot),
     }

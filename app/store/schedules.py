@@ -15,12 +15,13 @@ slot it sets), so an instance can take it into account within a second.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import delete, insert, select
+from sqlalchemy import bindparam, delete, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from app.errors import InvalidJobError, NotFound, Refused
@@ -32,9 +33,8 @@ from app.store.tables import jobs, tasks
 
 CHANNEL = "slotcron_schedules"
 CHUNK = 1000
-"""Names per ``IN (...)`` list. Inserts go in SQLAlchemy's "insertmanyvalues" pages of 1,000
-rows: 14 bound columns each stays under every driver's limit of bound parameters (asyncpg's
-32,767; SQLite's 32,766)."""
+"""Rows per multi-row INSERT, names per ``IN (...)`` list: 14 bound columns a row stays under
+every driver's limit of bound parameters (asyncpg's 32,767; SQLite's 32,766)."""
 
 _COLUMNS = (
     jobs.c.name,
@@ -191,12 +191,9 @@ async def add_many(
             raise InvalidJobError(spec.id, "id", "given twice in this batch")
         seen.add(spec.id)
     records = [ScheduleRecord(s, now, now, s.schedule().next_after(now)) for s in specs]
-    rows = [_row(r, tasks[r.spec.task], by) for r in records]
     try:
         async with db.transaction() as conn:
-            # RETURNING makes SQLAlchemy send "insertmanyvalues": one multi-row INSERT per
-            # CHUNK rows, compiled once (a .values() list is compiled anew per statement).
-            await conn.execute(insert(jobs).returning(jobs.c.name), rows)
+            await _insert(conn, [_row(r, tasks[r.spec.task], by) for r in records])
             if records:
                 earliest = min(r.next_slot for r in records if r.next_slot is not None)
                 await db.dialect.notify(conn, CHANNEL, f"add {iso(earliest)}")
@@ -208,24 +205,98 @@ async def add_many(
     return records
 
 
-def _row(record: ScheduleRecord, task: TaskInfo, by: str) -> dict[str, Any]:
+_INSERTED = (
+    jobs.c.name,
+    jobs.c.task,
+    jobs.c.kind,
+    jobs.c.schedule,
+    jobs.c.timezone,
+    jobs.c.options,
+    jobs.c.params,
+    jobs.c.jitter,
+    jobs.c.paused,
+    jobs.c.next_slot_at,
+    jobs.c.registered_at,
+    jobs.c.updated_at,
+    jobs.c.updated_by,
+    jobs.c.fencing_token,
+)
+"""The columns a new schedule sets; the others keep their defaults (NULL)."""
+PAGES = (CHUNK, 256, 64, 16, 4, 1)
+"""The sizes of multi-row INSERT used: a batch is cut into these, so a process compiles at
+most six statements, each once."""
+
+
+def _row(record: ScheduleRecord, task: TaskInfo, by: str) -> tuple[Any, ...]:
     spec = record.spec
-    return {
-        "name": spec.id,
-        "task": spec.task,
-        "kind": spec.kind,
-        "schedule": spec.expression,
-        "timezone": spec.timezone,
-        "options": task.options,
-        "params": spec.params,
-        "jitter": spec.jitter,
-        "paused": spec.paused,
-        "next_slot_at": record.next_slot,
-        "registered_at": record.created_at,
-        "updated_at": record.updated_at,
-        "updated_by": by,
-        # The other columns keep their defaults (NULL; fencing token 0): fewer bound values.
-    }
+    return (
+        spec.id,
+        spec.task,
+        spec.kind,
+        spec.expression,
+        spec.timezone,
+        task.options,
+        spec.params,
+        spec.jitter,
+        spec.paused,
+        record.next_slot,
+        record.created_at,
+        record.updated_at,
+        by,
+        0,
+    )
+
+
+async def _insert(conn: Any, rows: Sequence[tuple[Any, ...]]) -> None:
+    """One multi-row INSERT per page of rows. The statement of each page size is compiled once
+    (SQLAlchemy compiles a ``.values()`` list anew each time, and its per-row machinery costs
+    more than the database's insert); values still pass through each column type's own
+    processor (UTC timestamps, JSON), so every dialect gets what it expects."""
+    dialect = conn.dialect
+    start = 0
+    while start < len(rows):
+        size = next(p for p in PAGES if p <= len(rows) - start)
+        sql, order, processors = _page(dialect, size)
+        flat: list[Any] = []
+        # Rows of a batch share many values (the task's options, the timestamps, the next
+        # slot of a zone): each distinct object is processed once, not once a row.
+        last: list[tuple[Any, Any]] = [(_NOTHING, None)] * len(processors)
+        for row in rows[start : start + size]:
+            for column, value in enumerate(row):
+                process = processors[column]
+                if process is None:
+                    flat.append(value)
+                    continue
+                seen, done = last[column]
+                if value is not seen:
+                    done = process(value)
+                    last[column] = (value, done)
+                flat.append(done)
+        await conn.exec_driver_sql(sql, flat if order is None else tuple(flat[i] for i in order))
+        start += size
+
+
+_NOTHING = object()
+
+
+@functools.lru_cache(maxsize=32)
+def _page(dialect: Any, size: int) -> tuple[str, tuple[int, ...] | None, tuple[Any, ...]]:
+    """The SQL of an INSERT of ``size`` rows for ``dialect``; where its parameters go in the
+    row-major list of values (None: in that order); and each column's bind processor."""
+    width = len(_INSERTED)
+    statement = insert(jobs).values(
+        [
+            {c.name: bindparam(f"r{number}_{i}", type_=c.type) for i, c in enumerate(_INSERTED)}
+            for number in range(size)
+        ]
+    )
+    compiled = statement.compile(dialect=dialect)
+    order = tuple(
+        int(number) * width + int(i)
+        for number, i in (name[1:].split("_") for name in compiled.positiontup or ())
+    )
+    processors = tuple(c.type.dialect_impl(dialect).bind_processor(dialect) for c in _INSERTED)
+    return compiled.string, None if order == tuple(range(size * width)) else order, processors
 
 
 async def _taken(ids: Sequence[str], db: Database) -> list[str]:
