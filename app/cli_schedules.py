@@ -231,6 +231,9 @@ def _update(settings: Settings, args: argparse.Namespace) -> int:
 def _remove(settings: Settings, args: argparse.Namespace) -> int:
     from app.store import schedules as store
 
-    _with_db(settings, lambda db: store.remove(db, args.id))
+    async def work(db: Database) -> None:
+        await store.remove(db, args.id, now=await db.now())
+
+    _with_db(settings, work)
     print(f"removed {args.id}")
     return 0

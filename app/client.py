@@ -138,7 +138,7 @@ class Client:
 
     async def remove_schedule(self, id: str) -> None:
         """Delete a schedule: no further slot of it runs; its history stays."""
-        await store.remove(self.db, id)
+        await store.remove(self.db, id, now=await self._now())
 
     async def get_schedule(self, id: str) -> dict[str, Any]:
         return schedule_json(await store.get(self.db, id))

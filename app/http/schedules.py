@@ -124,7 +124,8 @@ class SchedulesApi:
         self.auth.write(request)
         schedule_id = _id(request)
         await _body(request, allowed=())
-        await _checked(self.bridge.call(store.remove(self.service.db, schedule_id)))
+        now = self.service.clock.now()
+        await _checked(self.bridge.call(store.remove(self.service.db, schedule_id, now=now)))
         _audit(request, f"remove schedule {schedule_id}")
         return web.Response(status=204)
 

@@ -9,15 +9,18 @@ primary key, race-free. ``next_slot_at`` is indexed, so an instance can load onl
 soon; listings of code jobs filter on ``task IS NULL``.
 
 Each write computes the schedule's next slot by the database's clock and, on PostgreSQL,
-announces itself on :data:`CHANNEL` when it commits (payload: the verb and the earliest next
-slot it sets), so an instance can take it into account within a second.
+announces itself on :data:`CHANNEL` when it commits, when it touches a slot within
+:data:`ANNOUNCE_WITHIN` (payloads ``add <earliest next slot>``, ``update <id> <next slot>``,
+``remove <id>``), so an instance holding the slots due soon can take it into account within a
+second. A change further ahead needs no word: the firing's range query over ``next_slot_at``
+finds it before it is due.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -32,6 +35,10 @@ from app.store.database import Database
 from app.store.tables import jobs, tasks
 
 CHANNEL = "slotcron_schedules"
+ANNOUNCE_WITHIN = timedelta(minutes=10)
+"""Writes touching a slot this close are announced. The firing's horizon (how far ahead an
+instance loads due slots) must stay below it; one round trip less for the rest (an add of a
+tenant's 09:00 report, hours away)."""
 CHUNK = 1000
 """Rows per multi-row INSERT, names per ``IN (...)`` list: 14 bound columns a row stays under
 every driver's limit of bound parameters (asyncpg's 32,767; SQLite's 32,766)."""
@@ -191,11 +198,15 @@ async def add_many(
             raise InvalidJobError(spec.id, "id", "given twice in this batch")
         seen.add(spec.id)
     records = [ScheduleRecord(s, now, now, s.schedule().next_after(now)) for s in specs]
+    # A batch that is one INSERT (one schedule, a page) is all or none by itself: on PostgreSQL
+    # it goes alone, in autocommit (one round trip instead of BEGIN, INSERT, COMMIT), and its
+    # announcement follows its commit. A longer batch is one transaction.
+    alone = len(records) in PAGES
     try:
-        async with db.transaction() as conn:
+        async with db.alone(write=True) if alone else db.transaction() as conn:
             await _insert(conn, [_row(r, tasks[r.spec.task], by) for r in records])
-            if records:
-                earliest = min(r.next_slot for r in records if r.next_slot is not None)
+            earliest = min((r.next_slot for r in records if r.next_slot is not None), default=None)
+            if _soon(earliest, now):
                 await db.dialect.notify(conn, CHANNEL, f"add {iso(earliest)}")
     except IntegrityError:
         taken = await _taken([s.id for s in specs], db)
@@ -339,16 +350,22 @@ async def update(
                 updated_by=by,
             )
         )
-        await db.dialect.notify(conn, CHANNEL, f"update {iso(next_slot)}")
+        if _soon(current.next_slot, now) or _soon(next_slot, now):
+            await db.dialect.notify(conn, CHANNEL, f"update {schedule_id} {iso(next_slot)}")
     return ScheduleRecord(spec, current.created_at, now, next_slot)
 
 
-async def remove(db: Database, schedule_id: str) -> None:
+async def remove(db: Database, schedule_id: str, *, now: datetime) -> None:
     """Delete a schedule: no further slot of it runs; its history stays."""
     async with db.transaction() as conn:
-        await _locked(conn, schedule_id)
+        row = await _locked(conn, schedule_id)
         await conn.execute(delete(jobs).where(jobs.c.name == schedule_id))
-        await db.dialect.notify(conn, CHANNEL, "remove")
+        if _soon(row.next_slot_at, now):
+            await db.dialect.notify(conn, CHANNEL, f"remove {schedule_id}")
+
+
+def _soon(slot: datetime | None, now: datetime) -> bool:
+    return slot is not None and slot <= now + ANNOUNCE_WITHIN
 
 
 async def _locked(conn: Any, schedule_id: str) -> Any:
