@@ -15,12 +15,14 @@ from sqlalchemy import func, select, update
 
 from app import Client, InvalidJobError, JobContext
 from app.errors import NotFound, Refused
-from app.registry import Registry, task
+from app.registry import Registry, cron, task
+from app.service import Service
 from app.store import operations
 from app.store import schedules as store
 from app.store.database import Database
 from app.store.registrations import JobRow, register_jobs
 from app.store.tables import jobs
+from tests.conftest import make_settings
 
 TASK = "tests.send_report"
 CODE_JOB = "tests.code-job"
@@ -266,3 +268,41 @@ async def test_a_write_is_announced_when_it_commits_on_postgresql(
             assert heard.empty()
     finally:
         await listening.close()
+
+
+async def test_an_instance_records_its_tasks_so_a_client_without_the_code_knows_them(
+    db_url: str,
+) -> None:
+    async with Client(db_url) as client:
+        with pytest.raises(InvalidJobError, match="unknown task"):
+            await client.add_schedule(TASK, every=5)
+    service = Service(make_settings(db_url), [], tasks=tasks().tasks())
+    await service.start()
+    try:
+        async with Client(db_url) as client:
+            added = await client.add_schedule(TASK, every=5)
+        assert added["task"] == TASK
+    finally:
+        await service.stop()
+
+
+async def test_a_code_job_named_like_a_schedule_refuses_to_start_and_leaves_it_alone(
+    db: Database, db_url: str
+) -> None:
+    await record_tasks(db)
+    async with Client(db_url) as client:
+        before = await client.add_schedule(TASK, cron="0 9 * * *", id="clash")
+    registry = Registry()
+
+    @cron("* * * * *", name="clash", registry=registry)
+    async def clash() -> None:
+        pass
+
+    service = Service(make_settings(db_url), list(registry), tasks=[])
+    try:
+        with pytest.raises(InvalidJobError, match="'clash': name: is the id of a runtime"):
+            await service.start()
+    finally:
+        await service.stop()
+    async with Client(db_url) as client:
+        assert await client.get_schedule("clash") == before
