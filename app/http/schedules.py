@@ -101,7 +101,13 @@ class SchedulesApi:
         settings = self.service.settings
         records = await _checked(
             self.bridge.call(
-                store.create(self.service.db, [body], default_timezone=settings.timezone, by="api")
+                store.create(
+                    self.service.db,
+                    [body],
+                    default_timezone=settings.timezone,
+                    by="api",
+                    now=self.service.clock.now(),
+                )
             )
         )
         _audit(request, f"add schedule {records[0].spec.id}")
