@@ -188,8 +188,8 @@ async def add_many(
     now: datetime,
     by: str,
 ) -> list[ScheduleRecord]:
-    """Store many schedules in one transaction, all or none, one multi-row INSERT per
-    :data:`PAGES`. An id already taken (by a job, a schedule, or twice in ``specs``) refuses
+    """Store many schedules in one transaction, all or none, one multi-row INSERT per page
+    (:data:`PAGES`). An id already taken (by a job, a schedule, or twice in ``specs``) refuses
     the whole batch with :class:`InvalidJobError` naming it. ``tasks`` gives each task's
     options, stored with its schedules for what reads them without the code (the leader)."""
     seen: set[str] = set()
