@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -52,12 +52,15 @@ class QueuedRuns(Role):
         period: float,
         start: Callable[[Job, Claim], None],
         pool_size: int = 10,
+        resolve: Callable[[str], Awaitable[Job | None]] | None = None,
     ) -> None:
         super().__init__(shared)
         self.jobs = jobs
         self.default_lease = default_lease
         self.period = period
         self._start = start
+        self._resolve = resolve
+        """Finds a job not in ``jobs``: a runtime schedule not held in memory (app/runtime.py)."""
         self._wake = asyncio.Event()
         self._closing = False
         self._timers: set[asyncio.Task[None]] = set()
@@ -140,6 +143,8 @@ class QueuedRuns(Role):
             if self._closing:
                 break
             job = self.jobs.get(item.job_name)
+            if job is None and self._resolve is not None:
+                job = await self._resolve(item.job_name)
             if job is None:
                 continue  # another version's job: left to an instance that has it
             sent = self.clock.monotonic()

@@ -35,8 +35,8 @@ from app.queued import QueuedRuns
 from app.registry import REGISTRY, Job
 from app.roles import Collaborators, Role, Stoppable
 from app.runner import Runner
+from app.runtime import JobSchedules, Runtime, RuntimePlanner
 from app.shutdown import Signals, shut_down
-from app.slots import Schedule
 from app.status import InstanceState
 from app.store import batch as batch_store
 from app.store import claims as claim_store
@@ -87,9 +87,9 @@ class Service:
             outage=self.outage,
             metrics=self.metrics,
         )
-        self.schedules: dict[str, Schedule] = {
-            job.name: job.schedule(settings.timezone) for job in self.jobs
-        }
+        self.schedules = JobSchedules(
+            {job.name: job.schedule(settings.timezone) for job in self.jobs}
+        )
         self.claimer = Claimer(shared, default_lease=settings.lease_seconds)
         self.outcomes = Outcomes(shared)
         self.runner = Runner(
@@ -106,12 +106,21 @@ class Service:
             runner=self.runner,
             permits=Permits(settings.max_concurrency),
         )
+        burst = Burst(self.schedules, clock=self.clock, claimer=self.claimer, firing=self.firing)
         self.planner = Planner(
-            self.jobs,
-            self.schedules,
-            clock=self.clock,
-            firing=self.firing,
-            burst=Burst(self.schedules, clock=self.clock, claimer=self.claimer, firing=self.firing),
+            self.jobs, self.schedules, clock=self.clock, firing=self.firing, burst=burst
+        )
+        # Runtime schedules (issue 15): their own heap, fed with what is due within the horizon.
+        self.schedule_planner = RuntimePlanner(
+            self.schedules, clock=self.clock, firing=self.firing, burst=burst
+        )
+        self.runtime = Runtime(
+            shared,
+            tasks=self.tasks,
+            planner=self.schedule_planner,
+            schedules=self.schedules,
+            pool_size=settings.pool_size,
+            lease=settings.lease_seconds,
         )
         shortest_lease = min(
             [job.lease_seconds(settings.lease_seconds) for job in self.jobs]
@@ -126,6 +135,7 @@ class Service:
             period=min(period, QUEUE_POLL_SECONDS),
             start=self.firing.start_claimed,
             pool_size=settings.pool_size,
+            resolve=self.runtime.resolve,
         )
         self.leader = Leader(
             shared,
@@ -169,12 +179,19 @@ class Service:
     @property
     def roles(self) -> list[Role]:
         """The supervised background roles, in the order they start."""
-        return [self.outcomes, self.heartbeat, self.fencing, self.queued, self.leader]
+        return [
+            self.outcomes,
+            self.heartbeat,
+            self.fencing,
+            self.queued,
+            self.runtime,
+            self.leader,
+        ]
 
     @property
     def claiming(self) -> list[Stoppable]:
         """What shutdown stops in phase 1, in order: whatever starts new runs or decides slots."""
-        return [self.queued, self.planner, self.leader]
+        return [self.queued, self.runtime, self.schedule_planner, self.planner, self.leader]
 
     @property
     def keeping(self) -> list[Stoppable]:
@@ -306,6 +323,7 @@ class Service:
         gc.freeze()
         await self.alerts.start()
         self.planner.start(self.expected)
+        self.schedule_planner.start()
         for role in self.roles:
             role.start()
         if self.watchdog is not None:

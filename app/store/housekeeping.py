@@ -37,7 +37,7 @@ async def pending(
         .where(instances.c.state != "stopped", instances.c.heartbeat_at < silent_before),
         select(literal("overdue"), func.count())
         .select_from(jobs)
-        # Runtime schedules are not fired yet (issue 15): none is overdue until they are.
+        # Runtime schedules' overdue slots are decided by their loader (app/runtime.py).
         .where(jobs.c.next_slot_at < overdue_before, jobs.c.task.is_(None)),
     )
     async with db.alone(write=False) as conn:

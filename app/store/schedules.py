@@ -19,6 +19,7 @@ finds it before it is due.
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -32,9 +33,10 @@ from app.records import iso
 from app.registry import REGISTRY, Job, Registry
 from app.schedules import ScheduleRecord, ScheduleSpec, TaskInfo, changed_spec, new_spec
 from app.store.database import Database
-from app.store.tables import jobs, tasks
+from app.store.tables import changes, jobs, tasks
 
 CHANNEL = "slotcron_schedules"
+CHANGES_ROW = "schedules"
 ANNOUNCE_WITHIN = timedelta(minutes=10)
 """Writes touching a slot this close are announced. The firing's horizon (how far ahead an
 instance loads due slots) must stay below it; one round trip less for the rest (an add of a
@@ -207,7 +209,7 @@ async def add_many(
             await _insert(conn, [_row(r, tasks[r.spec.task], by) for r in records])
             earliest = min((r.next_slot for r in records if r.next_slot is not None), default=None)
             if _soon(earliest, now):
-                await db.dialect.notify(conn, CHANNEL, f"add {iso(earliest)}")
+                await _announce(db, conn, f"add {iso(earliest)}", now)
     except IntegrityError:
         taken = await _taken([s.id for s in specs], db)
         if not taken:
@@ -352,7 +354,7 @@ async def update(
             )
         )
         if _soon(current.next_slot, now) or _soon(next_slot, now):
-            await db.dialect.notify(conn, CHANNEL, f"update {schedule_id} {iso(next_slot)}")
+            await _announce(db, conn, f"update {schedule_id} {iso(next_slot)}", now)
     return ScheduleRecord(spec, current.created_at, now, next_slot)
 
 
@@ -362,7 +364,18 @@ async def remove(db: Database, schedule_id: str, *, now: datetime) -> None:
         row = await _locked(conn, schedule_id)
         await conn.execute(delete(jobs).where(jobs.c.name == schedule_id))
         if _soon(row.next_slot_at, now):
-            await db.dialect.notify(conn, CHANNEL, f"remove {schedule_id}")
+            await _announce(db, conn, f"remove {schedule_id}", now)
+
+
+async def _announce(db: Database, conn: Any, payload: str, now: datetime) -> None:
+    """Tell the instances, once this write commits: a notification where the database has them
+    (PostgreSQL), and a new token in ``scheduler_changes`` for those that poll instead (other
+    databases, or a listener whose connection was lost)."""
+    await db.dialect.notify(conn, CHANNEL, payload)
+    row = {"name": CHANGES_ROW, "token": uuid.uuid4().hex, "changed_at": now}
+    await conn.execute(
+        db.dialect.upsert(changes, [row], keys=["name"], update=["token", "changed_at"])
+    )
 
 
 def _soon(slot: datetime | None, now: datetime) -> bool:

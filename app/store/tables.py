@@ -107,6 +107,17 @@ tasks = Table(
     Column("version", String(32), nullable=True),
 )
 
+# One row (``name`` "schedules"), rewritten with a new random ``token`` by every schedule write
+# that touches a slot soon (migration 0005): what instances without notifications (MariaDB,
+# SQLite, or a PostgreSQL listener lost) poll once a second, one primary-key read.
+changes = Table(
+    "scheduler_changes",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("token", String(32), nullable=False),
+    Column("changed_at", UTCDateTime(), nullable=False),
+)
+
 executions = Table(
     "scheduler_executions",
     metadata,

@@ -10,6 +10,8 @@
 - index ``(task, name)``: a task's schedules, in id order, without reading the others.
 - ``scheduler_tasks``: one row per ``@task`` name, as its instances registered it (options,
   default zone): what a client or the API, which import no task code, know of tasks.
+- ``scheduler_changes``: one row rewritten by every schedule write that touches a slot soon:
+  what an instance without notifications polls (one primary-key read a second).
 
 Revision ID: 0005
 Revises: 0004
@@ -53,9 +55,16 @@ def upgrade() -> None:
         sa.Column("updated_by", sa.String(200), nullable=True),
         sa.Column("version", sa.String(32), nullable=True),
     )
+    op.create_table(
+        "scheduler_changes",
+        sa.Column("name", sa.String(32), primary_key=True),
+        sa.Column("token", sa.String(32), nullable=False),
+        sa.Column("changed_at", UTC_TS, nullable=False),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("scheduler_changes")
     op.drop_table("scheduler_tasks")
     op.drop_index("ix_scheduler_jobs_task", table_name="scheduler_jobs")
     with op.batch_alter_table("scheduler_jobs") as batch:
