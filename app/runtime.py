@@ -217,8 +217,14 @@ class Runtime(Role):
             self._listening = None
 
     async def run(self) -> None:
+        while not self.tasks:  # nothing to fire here: only report what no instance fires
+            try:
+                await self._report_unknown()
+            except DB_ERRORS as exc:
+                self.outage.failed(exc, "looking for schedules no instance fires")
+            await asyncio.sleep(UNKNOWN_EVERY_SECONDS)
         while True:
-            if self._may_listen and self.tasks and await self._listen():
+            if self._may_listen and await self._listen():
                 self._refresh_due = True  # something may have changed unheard
             timeout = self.refresh_every - (time.monotonic() - self._refreshed_at)
             if not self.listening:
@@ -238,9 +244,6 @@ class Runtime(Role):
 
     async def step(self) -> None:
         """One round: read again what changed, or the whole horizon when it is time."""
-        if not self.tasks:
-            await self._report_unknown()
-            return
         if not self.listening and not self._refresh_due:
             token = await due_store.change_token(self.db, CHANGES_ROW)
             if token != self._token:
