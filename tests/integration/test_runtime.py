@@ -66,11 +66,10 @@ def report_task(ran: Ran, name: str = TASK, **options: Any) -> Registry:
     return registry
 
 
-async def add(
-    db: Database, registry: Registry, now: datetime, **fields: Any
-) -> ScheduleRecord:
+async def add(db: Database, registry: Registry, now: datetime, **fields: Any) -> ScheduleRecord:
+    items = [{"task": TASK, **fields}]
     [record] = await store.create(
-        db, [{"task": TASK, **fields}], default_timezone="UTC", by="test", registry=registry, now=now
+        db, items, default_timezone="UTC", by="test", registry=registry, now=now
     )
     return record
 
@@ -146,9 +145,7 @@ async def test_an_update_applies_from_the_next_slot_after_it_commits(
     ]
 
 
-async def test_after_a_removal_no_slot_runs_and_history_is_kept(
-    db: Database, start: Start
-) -> None:
+async def test_after_a_removal_no_slot_runs_and_history_is_kept(db: Database, start: Start) -> None:
     ran: Ran = []
     registry = report_task(ran)
     clock = ManualClock(T0)
