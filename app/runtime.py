@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from app.burst import Burst
+from app.burst import CLAIM_COST_FIRST, LEAD_BASE, LEAD_MAX, Burst
 from app.clock import Clock
 from app.context import JobContext
 from app.firing import Firing
@@ -165,6 +165,19 @@ class RuntimePlanner(Planner):
             del self.current[job.name]  # the loader finds it again when it comes near
             return
         super()._push(job, slot)
+
+    def _lead(self) -> timedelta:
+        """Slots due together are claimed ahead by what claiming them takes, as a job's are, but
+        not capped at :data:`app.burst.LEAD_MAX`: a schedule's slots are known a horizon ahead,
+        and a burst of 100,000 takes seconds to claim. At most a quarter of the horizon (and
+        half a period: the burst's own rule)."""
+        lead = super()._lead()
+        if lead < timedelta(seconds=LEAD_MAX) or not self._heap:
+            return lead
+        slot, _, job = self._heap[0]
+        period = self._schedules[job.name].next_after(slot) - slot
+        wanted = timedelta(seconds=LEAD_BASE + self._at_slot[slot] * CLAIM_COST_FIRST)
+        return min(wanted, self.horizon / 4, period / 2)
 
     def forget_popped(self, before: datetime) -> None:
         for name in [n for n, slot in self.popped.items() if slot < before]:
