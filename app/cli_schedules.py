@@ -191,21 +191,29 @@ def _describe(record: ScheduleRecord) -> str:
 
 
 def _show(settings: Settings, args: argparse.Namespace) -> int:
+    from app.store import due
     from app.store import schedules as store
 
-    async def work(db: Database) -> ScheduleRecord:
-        return await store.get(db, args.id)
+    async def work(db: Database) -> tuple[ScheduleRecord, bool]:
+        record = await store.get(db, args.id)
+        return record, await due.task_is_live(db, record.spec.task, lapse=settings.lease_seconds)
 
-    record: ScheduleRecord = _with_db(settings, work)
+    record, live = _with_db(settings, work)
     slots = [iso(s) for s in next_slots(record, SHOWN_SLOTS)]
     if args.json:
-        print(json.dumps({**schedule_json(record), "next_slots": slots}, indent=2))
+        shown = {**schedule_json(record), "next_slots": slots, "task_live": live}
+        print(json.dumps(shown, indent=2))
         return 0
     shown = schedule_json(record)
     for key in ("id", "task", "cron", "every", "timezone", "jitter", "paused", "created_at"):
         if shown[key] is not None:
             print(f"{key}: {shown[key]}")
     print(f"params: {json.dumps(record.spec.params)}")
+    if not live:
+        print(
+            "task_live: no (no live instance registers this task: its slots wait, and are "
+            "decided by its misfire policy once one starts)"
+        )
     print(f"next {SHOWN_SLOTS} slots (UTC):")
     for slot in slots:
         print(f"  {slot}")

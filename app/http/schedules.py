@@ -27,6 +27,7 @@ from app.http.bridge import ServiceBridge
 from app.http.errors import ApiError
 from app.http.reads import AdminReads
 from app.schedules import CHANGEABLE, FIELDS, schedule_json
+from app.store import due
 from app.store import schedules as store
 from app.store.database import Database
 
@@ -88,8 +89,13 @@ class SchedulesApi:
         _query(request, allowed=())
         schedule_id = _id(request)
 
+        lapse = self.service.settings.lease_seconds
+
         async def produce(db: Database) -> dict[str, Any]:
-            return schedule_json(await _found(store.get(db, schedule_id)))
+            record = await _found(store.get(db, schedule_id))
+            # Whether its slots are fired now, or wait for an instance with its task.
+            live = await due.task_is_live(db, record.spec.task, lapse=lapse)
+            return {**schedule_json(record), "task_live": live}
 
         return await self.reads.respond(request, f"schedule/{schedule_id}", produce)
 

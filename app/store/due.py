@@ -8,7 +8,7 @@ None of these reads grows with the number of schedules an instance is not about 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import String, and_, bindparam, func, or_, select
@@ -134,3 +134,11 @@ async def live_tasks(db: Database, names: Sequence[str], *, alive_since: datetim
     )
     async with db.read() as conn:
         return {row.name for row in await conn.execute(query)}
+
+
+async def task_is_live(db: Database, task: str, *, lapse: float) -> bool:
+    """Whether an instance that registers ``task`` is live (its last registering instance
+    heartbeat within ``lapse`` seconds, by the database's clock): shown with a schedule, whose
+    slots wait while no instance has its task."""
+    since = await db.now() - timedelta(seconds=lapse)
+    return task in await live_tasks(db, [task], alive_since=since)

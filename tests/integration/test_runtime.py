@@ -19,7 +19,7 @@ from app.clock import ManualClock
 from app.registry import Registry, task
 from app.schedules import ScheduleRecord
 from app.service import Service
-from app.store import operations
+from app.store import due, operations
 from app.store import schedules as store
 from app.store.database import Database
 from app.store.tables import executions
@@ -245,7 +245,9 @@ async def test_a_schedule_whose_task_no_instance_has_waits_then_its_misfire_poli
     await clock.set(at(35))
     assert held(first, "orphan") is None
     assert await outcomes(db, "orphan") == {}
+    assert not await due.task_is_live(db, TASK, lapse=60)  # what `schedules show` says
     await start(registry, clock, instance_id="with-the-task")
+    assert await due.task_is_live(db, TASK, lapse=60)
     # :10 and :20 are past their grace: misfire="skip" records them MISSED; :30 is on time.
 
     async def decided() -> bool:
