@@ -126,21 +126,39 @@ def burst(url: str, workdir: Path, count: int) -> None:
     )
 
 
-async def _transactions(url: str) -> float:
-    """Transactions of the database so far (``pg_stat_database``): each autocommit statement
-    is one, a BEGIN ... COMMIT another. What counts when ``pg_stat_statements`` is not loaded."""
+async def _activity(url: str) -> tuple[float, float]:
+    """Transactions of the database so far (``pg_stat_database``: an autocommit statement is
+    one, a BEGIN ... COMMIT another; autovacuum's count too), and table and index scans of its
+    tables (``pg_stat_user_tables``: about one per statement a scheduler sends). What counts
+    where ``pg_stat_statements`` is not loaded."""
     db = Database.connect(Settings(database_url=url).url, 1)
     try:
         async with db.engine.connect() as conn:
-            value = await conn.scalar(
+            xacts = await conn.scalar(
                 text(
                     "SELECT xact_commit + xact_rollback FROM pg_stat_database "
                     "WHERE datname = current_database()"
                 )
             )
+            scans = await conn.scalar(
+                text(
+                    "SELECT coalesce(sum(coalesce(seq_scan, 0) + coalesce(idx_scan, 0)), 0) "
+                    "FROM pg_stat_user_tables"
+                )
+            )
     finally:
         await db.close()
-    return float(value) - 1  # this one
+    return float(xacts), float(scans)
+
+
+def _per_minute(url: str, measure: object, seconds: float) -> tuple[float, float]:
+    """Transactions and scans a minute while ``measure()`` sleeps ``seconds``."""
+    x0, s0 = asyncio.run(_activity(url))
+    began = time.monotonic()
+    measure()  # type: ignore[operator]
+    elapsed = time.monotonic() - began
+    x1, s1 = asyncio.run(_activity(url))
+    return (x1 - x0) / elapsed * 60, (s1 - s0) / elapsed * 60
 
 
 def day(url: str, workdir: Path, count: int, seconds: int) -> None:
@@ -149,25 +167,31 @@ def day(url: str, workdir: Path, count: int, seconds: int) -> None:
     took = asyncio.run(_add(url, count, lambda i: _cron(first + timedelta(seconds=i * step))))
     print(f"  added {count:,} schedules over the day in {took:.1f} s ({count / took:,.0f}/s)")
     counters = Counters("postgresql", url)
+    time.sleep(10)
+    quiet = _per_minute(url, lambda: time.sleep(seconds), seconds)
+    print(
+        f"  no instance, {seconds} s: {quiet[0]:.1f} transactions/min, {quiet[1]:.1f} scans/min "
+        "(the database's own background: autovacuum after the adds)"
+    )
     system = Instance(url, workdir)
     began = time.monotonic()
     proc = system.start_one("runtime-0")
     wait_for(proc.is_ready, 300, "the instance to start")
     ready = time.monotonic() - began
     time.sleep(5)
-    statements, xacts = counters.read(), asyncio.run(_transactions(url))
+    statements = counters.read()
     cpu, t0 = proc.cpu_seconds(), time.monotonic()
-    time.sleep(seconds)
+    xacts_per_min, scans_per_min = _per_minute(url, lambda: time.sleep(seconds), seconds)
     elapsed = time.monotonic() - t0
     cpu_pct = (proc.cpu_seconds() - cpu) / elapsed * 100
     per_min = (counters.read() - statements) / elapsed * 60
-    xacts_per_min = (asyncio.run(_transactions(url)) - xacts - 1) / elapsed * 60
     rss, peak = proc.memory_mb("VmRSS"), proc.memory_mb("VmHWM")
     system.stop_all()
     print(
         f"  ready in {ready:.1f} s; RSS {rss:.0f} MB (peak {peak:.0f}); idle CPU {cpu_pct:.2f} % "
         f"of a core; {per_min:.1f} statements/min ({counters.how or 'n/a'}), "
-        f"{xacts_per_min:.1f} transactions/min (pg_stat_database) over {elapsed:.0f} s"
+        f"{xacts_per_min:.1f} transactions/min (pg_stat_database), {scans_per_min:.1f} "
+        f"scans/min (pg_stat_user_tables) over {elapsed:.0f} s"
     )
 
 
