@@ -167,10 +167,10 @@ class RuntimePlanner(Planner):
         super()._push(job, slot)
 
     def _lead(self) -> timedelta:
-        """Slots due together are claimed ahead by what claiming them takes, as a job's are, but
-        not capped at :data:`app.burst.LEAD_MAX`: a schedule's slots are known a horizon ahead,
-        and a burst of 100,000 takes seconds to claim. At most a quarter of the horizon (and
-        half a period: the burst's own rule)."""
+        """Slots due together are claimed ahead as a job's are, but past
+        :data:`app.burst.LEAD_MAX` by the first-guess cost of a claim each: a schedule's slots
+        are known a horizon ahead, and a burst of 100,000 takes seconds to claim. At most a
+        quarter of the horizon (and half a period: the burst's own rule)."""
         lead = super()._lead()
         if lead < timedelta(seconds=LEAD_MAX) or not self._heap:
             return lead
