@@ -6,9 +6,24 @@ from app import cron, every, JobContext
 async def rank_members() -> None: ...
 """
 
+from typing import TYPE_CHECKING, Any
+
 from app.context import JobContext
 from app.errors import InvalidJobError
-from app.registry import cron, every
+from app.registry import cron, every, task
 from app.version import __version__
 
-__all__ = ["InvalidJobError", "JobContext", "__version__", "cron", "every"]
+if TYPE_CHECKING:
+    from app.client import Client
+
+__all__ = ["Client", "InvalidJobError", "JobContext", "__version__", "cron", "every", "task"]
+
+
+def __getattr__(name: str) -> Any:
+    # The client needs the database layer: imported on first use, so that a job module's
+    # `from app import cron` (and every CLI command) does not pay for it.
+    if name == "Client":
+        from app.client import Client
+
+        return Client
+    raise AttributeError(f"module 'app' has no attribute {name!r}")

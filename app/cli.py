@@ -171,6 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
         "restart", help="run a FAILED, STOPPED or ABANDONED slot again, with its saved state"
     )
     restart.add_argument("execution_id", type=_positive_int, metavar="EXECUTION_ID")
+
+    from app.cli_schedules import add_parser as add_schedules_parser  # it imports this module
+
+    add_schedules_parser(commands)
     return parser
 
 
@@ -493,6 +497,12 @@ def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     Console(width=max(Console().width, 160), highlight=False).print(table)
 
 
+def cmd_schedules(settings: Settings, args: argparse.Namespace) -> int:
+    from app.cli_schedules import cmd_schedules as schedules
+
+    return schedules(settings, args)
+
+
 COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "run": cmd_run,
     "migrate": cmd_migrate,
@@ -504,6 +514,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "pause": cmd_pause,
     "resume": cmd_pause,
     "restart": cmd_restart,
+    "schedules": cmd_schedules,
 }
 
 

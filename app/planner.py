@@ -84,6 +84,11 @@ class Planner:
             del self._at_slot[slot]
         return slot, job
 
+    def _keeps(self, job: Job, slot: datetime) -> bool:
+        """Whether an entry taken from the heap still stands: always, for code jobs (a runtime
+        schedule's may have been removed or replaced since: :mod:`app.runtime`)."""
+        return True
+
     def _push_and_wake(self, job: Job, slot: datetime) -> None:
         self._push(job, slot)
         self._wake.set()
@@ -131,6 +136,8 @@ class Planner:
                 slot, job = self._pop()
                 if firing.superseded(job.name):
                     continue  # a newer registration's schedule is in force: fired no more here
+                if not self._keeps(job, slot):
+                    continue
                 schedule = self._schedules[job.name]
                 if misfire.is_late(schedule, slot, now):
                     late, resume = misfire.late_slots(job, schedule, slot, now)

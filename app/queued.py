@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -53,12 +53,15 @@ class QueuedRuns(Role):
         period: float,
         start: Callable[[Job, Claim], None],
         pool_size: int = 10,
+        resolve: Callable[[str], Awaitable[Job | None]] | None = None,
     ) -> None:
         super().__init__(shared)
         self.jobs = jobs
         self.default_lease = default_lease
         self.period = period
         self._start = start
+        self._resolve = resolve
+        """Finds a job not in ``jobs``: a runtime schedule not held in memory (app/runtime.py)."""
         self._wake = asyncio.Event()
         self._closing = False
         self._timers: set[asyncio.Task[None]] = set()
@@ -142,16 +145,17 @@ class QueuedRuns(Role):
         taken = 0
         while not self._closing:
             page = await queue.due(self.db, now=self.clock.now(), limit=PAGE)
+            known = await self._jobs_of(page)
             # Another version's jobs are left to an instance that has them.
             wanted = [
                 queue.Wanted(
                     item.execution_id,
                     item.job_name,
-                    self.jobs[item.job_name].lease_ms(self.default_lease),
-                    self.jobs[item.job_name].overlap == "forbid",
+                    known[item.job_name].lease_ms(self.default_lease),
+                    known[item.job_name].overlap == "forbid",
                 )
                 for item in page
-                if item.job_name in self.jobs
+                if item.job_name in known
             ]
             if not wanted:
                 break
@@ -169,14 +173,27 @@ class QueuedRuns(Role):
                 until = min(got.held.values())
                 self.wake_at(min(until, self.clock.now() + LEASE_HELD_RECHECK))
             for claim in got.claims:
-                self._started(replace(claim, sent=sent))
+                self._started(known[claim.job_name], replace(claim, sent=sent))
             taken += len(got.claims)
             if len(page) < PAGE or not got.claims:  # all due seen, or none takeable now
                 break
         return taken
 
-    def _started(self, claim: Claim) -> None:
-        job = self.jobs[claim.job_name]
+    async def _jobs_of(self, page: list[queue.Queued]) -> dict[str, Job]:
+        """The jobs of ``page`` this instance runs: its code jobs, and runtime schedules found
+        by ``resolve`` (not held in memory unless due soon)."""
+        known: dict[str, Job] = {}
+        for item in page:
+            if item.job_name in known:
+                continue
+            job = self.jobs.get(item.job_name)
+            if job is None and self._resolve is not None:
+                job = await self._resolve(item.job_name)
+            if job is not None:
+                known[item.job_name] = job
+        return known
+
+    def _started(self, job: Job, claim: Claim) -> None:
         log.info(
             "%s slot %s: starting attempt %d (%s)",
             job.name,

@@ -1,4 +1,5 @@
-"""Registration: ``@cron`` and ``@every`` turn coroutines into jobs, checked when declared."""
+"""Registration: ``@cron`` and ``@every`` turn coroutines into jobs, ``@task`` into tasks whose
+schedules are data (CONTRACT.md, "Schedules at runtime"); all checked when declared."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ class Job:
 
     name: str
     func: JobFunc
-    kind: Literal["cron", "interval"]
-    expression: str  # the cron expression as written, or the interval in seconds
+    kind: Literal["cron", "interval", "task"]
+    expression: str  # the cron expression as written, the interval in seconds; "" for a task
     timezone: str | None = None
     overlap: str = "forbid"
     misfire: str = "skip"
@@ -78,18 +79,27 @@ class Job:
 
 
 class Registry:
-    """The jobs one process knows, by name."""
+    """The jobs and tasks one process knows, by name (one namespace for both). Iterating gives
+    the scheduled jobs only; tasks are fired through their schedules (:meth:`tasks`)."""
 
     def __init__(self) -> None:
         self._jobs: dict[str, Job] = {}
+        self._tasks: dict[str, Job] = {}
 
     def add(self, job: Job) -> None:
-        if job.name in self._jobs:
+        if job.name in self._jobs or job.name in self._tasks:
             raise InvalidJobError(job.name, "name", "a job is already registered under this name")
-        self._jobs[job.name] = job
+        (self._tasks if job.kind == "task" else self._jobs)[job.name] = job
 
     def get(self, name: str) -> Job | None:
         return self._jobs.get(name)
+
+    def task(self, name: str) -> Job | None:
+        """The task registered under ``name`` by ``@task``, if any."""
+        return self._tasks.get(name)
+
+    def tasks(self) -> list[Job]:
+        return list(self._tasks.values())
 
     def __iter__(self) -> Iterator[Job]:
         return iter(self._jobs.values())
@@ -186,7 +196,7 @@ def _options(decorator: str, given: JobOptions, *, allowed: frozenset[str]) -> J
 def _build(
     func: Any,
     *,
-    kind: Literal["cron", "interval"],
+    kind: Literal["cron", "interval", "task"],
     expression: str,
     name: str | None,
     timezone: str | None,
@@ -319,6 +329,21 @@ def every(
         if total < 0.001:
             raise InvalidJobError(label, "interval", f"must be at least 1 ms, got {total:g} s")
         _build(func, kind="interval", expression=f"{total:g}", **chosen)
+        return func
+
+    return decorate
+
+
+def task(**options: Unpack[JobOptions]) -> Callable[[F], F]:
+    """Register an ``async def`` as a task: the options of ``@cron`` (:class:`JobOptions`), no
+    schedule. Its schedules are rows, added at runtime (``slotcron schedules add``, the HTTP
+    API, :class:`app.Client`); each runs like a job named by the schedule's id, with
+    ``ctx.params`` from the schedule. ``timezone`` is the zone of its schedules that give none.
+    """
+    chosen = _options("task", options, allowed=_CRON_OPTIONS)
+
+    def decorate(func: F) -> F:
+        _build(func, kind="task", expression="", **chosen)
         return func
 
     return decorate

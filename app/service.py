@@ -19,7 +19,7 @@ from app.burst import Burst
 from app.claims import Claimer
 from app.clock import Clock, DatabaseClock
 from app.config import Settings
-from app.errors import ConfigError
+from app.errors import ConfigError, InvalidJobError
 from app.fencing import Fencing
 from app.firing import Firing
 from app.heartbeat import Heartbeat
@@ -32,16 +32,17 @@ from app.outcomes import Outcomes
 from app.permits import Permits
 from app.planner import Planner
 from app.queued import QueuedRuns
-from app.registry import Job
+from app.registry import REGISTRY, Job
 from app.roles import Collaborators, Role, Stoppable
 from app.runner import Runner
+from app.runtime import JobSchedules, Runtime, RuntimePlanner
 from app.shutdown import Signals, shut_down
-from app.slots import Schedule
 from app.status import InstanceState
 from app.store import batch as batch_store
 from app.store import claims as claim_store
 from app.store import lifeline, migrate, registrations
 from app.store import runs as run_store
+from app.store import schedules as schedule_store
 from app.store import starts as start_store
 from app.store.database import Database
 from app.store.registrations import JobRow
@@ -71,7 +72,15 @@ passes is freed after some 7 million allocations instead of 70,000."""
 class Service:
     """One slotcron instance. ``clock`` defaults to the database's clock."""
 
-    def __init__(self, settings: Settings, jobs: Sequence[Job], clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        jobs: Sequence[Job],
+        clock: Clock | None = None,
+        tasks: Sequence[Job] | None = None,
+    ) -> None:
+        self.tasks = REGISTRY.tasks() if tasks is None else list(tasks)
+        """The ``@task`` tasks this instance records for writers of schedules (issue 15)."""
         self.settings = settings
         self.jobs = list(jobs)
         self.instance_id = settings.instance_id
@@ -96,9 +105,9 @@ class Service:
             outage=self.outage,
             metrics=self.metrics,
         )
-        self.schedules: dict[str, Schedule] = {
-            job.name: job.schedule(settings.timezone) for job in self.jobs
-        }
+        self.schedules = JobSchedules(
+            {job.name: job.schedule(settings.timezone) for job in self.jobs}
+        )
         self.claimer = Claimer(shared, default_lease=settings.lease_seconds)
         self.supersession = self.claimer.supersession = Supersession(
             self.db,
@@ -124,12 +133,21 @@ class Service:
             runner=self.runner,
             permits=Permits(settings.max_concurrency),
         )
+        burst = Burst(self.schedules, clock=self.clock, claimer=self.claimer, firing=self.firing)
         self.planner = Planner(
-            self.jobs,
-            self.schedules,
-            clock=self.clock,
-            firing=self.firing,
-            burst=Burst(self.schedules, clock=self.clock, claimer=self.claimer, firing=self.firing),
+            self.jobs, self.schedules, clock=self.clock, firing=self.firing, burst=burst
+        )
+        # Runtime schedules (issue 15): their own heap, fed with what is due within the horizon.
+        self.schedule_planner = RuntimePlanner(
+            self.schedules, clock=self.clock, firing=self.firing, burst=burst
+        )
+        self.runtime = Runtime(
+            shared,
+            tasks=self.tasks,
+            planner=self.schedule_planner,
+            schedules=self.schedules,
+            pool_size=settings.pool_size,
+            lease=settings.lease_seconds,
         )
         shortest_lease = min(
             [job.lease_seconds(settings.lease_seconds) for job in self.jobs]
@@ -144,6 +162,7 @@ class Service:
             period=min(period, QUEUE_POLL_SECONDS),
             start=self.firing.start_claimed,
             pool_size=settings.pool_size,
+            resolve=self.runtime.resolve,
         )
         self.leader = Leader(
             shared,
@@ -204,12 +223,19 @@ class Service:
     @property
     def roles(self) -> list[Role]:
         """The supervised background roles, in the order they start."""
-        return [self.outcomes, self.heartbeat, self.fencing, self.queued, self.leader]
+        return [
+            self.outcomes,
+            self.heartbeat,
+            self.fencing,
+            self.queued,
+            self.runtime,
+            self.leader,
+        ]
 
     @property
     def claiming(self) -> list[Stoppable]:
         """What shutdown stops in phase 1, in order: whatever starts new runs or decides slots."""
-        return [self.queued, self.planner, self.leader]
+        return [self.queued, self.runtime, self.schedule_planner, self.planner, self.leader]
 
     @property
     def keeping(self) -> list[Stoppable]:
@@ -289,10 +315,18 @@ class Service:
             )
             for job in self.jobs
         ]
+        taken = await schedule_store.schedule_ids_among(self.db, [row.name for row in rows])
+        if taken:  # registering would overwrite a runtime schedule's row
+            raise InvalidJobError(
+                taken[0], "name", "is the id of a runtime schedule: rename the job or remove it"
+            )
         registered = await registrations.register_jobs(
             self.db, rows, now=now, instance_id=self.instance_id, version=__version__
         )
         self.supersession.registered(registered.fingerprints)
+        await schedule_store.register_tasks(
+            self.db, self.tasks, now=now, instance_id=self.instance_id, version=__version__
+        )
         for row in rows:
             prior = registered.stored.get(row.name)
             # A new job expects the slot computed when it was registered, so a second boundary
@@ -345,6 +379,7 @@ class Service:
         gc.set_threshold(*GC_THRESHOLDS)
         await self.alerts.start()
         self.planner.start(self.expected)
+        self.schedule_planner.start()
         for role in self.roles:
             role.start()
         if self.watchdog is not None:

@@ -10,6 +10,8 @@ Workloads (README "Benchmark" has the definitions and the last figures):
   throughput  the most slot runs per second 3 instances sustain (p99 lag < 1 s, none missed)
   idle        10,000 jobs with no slot due for an hour, one instance, 60 s
   statements  database round trips per slot run (counted by the database)
+  schedules   runtime schedules created through app.Client: 1,000 one by one, 100,000 in one
+              add_schedules (bench/schedules.py; slotcron only, not in the default set)
 
 Every job records its real start; lag = start - slot. ``doubled`` is a (job, slot) started
 more than once; ``missed`` a (job, slot) in the measured window that never started.
@@ -517,6 +519,15 @@ def main() -> None:
         bench.add(label, "CPU % of a core", r, lambda o: o.extra["cpu_percent"])
         bench.add(label, "RSS MB", r, lambda o: o.extra["rss_mb"])
         bench.add(label, "statements per minute", r, lambda o: o.extra["statements_per_min"])
+
+    if "schedules" in only:
+        from bench import schedules
+
+        rates = schedules.measure(args.backend)
+        print(f"schedules through app.Client:\n{schedules.report(rates)}", flush=True)
+        created = {Slotcron.name: Outcome(extra={"one": rates.one_by_one, "batch": rates.batched})}
+        bench.add("schedules created", "one by one per s", created, lambda o: o.extra["one"])
+        bench.add("schedules created", "add_schedules per s", created, lambda o: o.extra["batch"])
 
     counters = Counters(args.backend, "")
     print()

@@ -33,6 +33,7 @@ from app.http.bridge import ServiceBridge
 from app.http.errors import json_errors
 from app.http.probes import Probes
 from app.http.reads import AdminReads
+from app.http.schedules import SchedulesApi
 from app.http.timeline import TimelineApi
 from app.metrics import InstanceCollector, PrometheusMetrics
 
@@ -290,6 +291,7 @@ def build_app(
     app.router.add_post("/api/jobs/{name:.+}/resume", api.resume)
     app.router.add_post("/api/executions/{id}/restart", api.restart)
     TimelineApi(service, auth, reads).register(app)
+    SchedulesApi(service, auth, reads, bridge).register(app)
     for path, (name, content_type) in _STATIC.items():
         app.router.add_get(path, _static(name, content_type))
     return app

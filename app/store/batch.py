@@ -195,10 +195,9 @@ async def _lock(
     if len(locked) < len(by_name):
         unlocked = [name for name in by_name if name not in locked]
         known = {row.name for row in await conn.execute(sql.high_water, {"p_names": unlocked})}
-        missing = set(unlocked) - known
-        if missing:
-            raise LookupError(f"jobs not registered in the database: {sorted(missing)}")
-        decided.held = [by_name[name] for name in unlocked]
+        # A row gone is a runtime schedule removed: none of its slots is open.
+        decided.taken.update(name for name in unlocked if name not in known)
+        decided.held = [by_name[name] for name in unlocked if name in known]
     return locked
 
 

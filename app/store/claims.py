@@ -216,8 +216,8 @@ async def claim_slot(
     try:
         async with db.transaction(nowait=True) as conn:
             row = await lock_job(conn, job_name)
-            if row is None:
-                raise LookupError(f"job {job_name!r} is not registered in the database")
+            if row is None:  # a runtime schedule removed: none of its slots is open
+                raise SlotTaken(f"{job_name} @ {slot.isoformat()}: no such job or schedule")
             rules = functools.partial(
                 judge,
                 row,

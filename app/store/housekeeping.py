@@ -37,7 +37,8 @@ async def pending(
         .where(instances.c.state != "stopped", instances.c.heartbeat_at < silent_before),
         select(literal("overdue"), func.count())
         .select_from(jobs)
-        .where(jobs.c.next_slot_at < overdue_before),
+        # Runtime schedules' overdue slots are decided by their loader (app/runtime.py).
+        .where(jobs.c.next_slot_at < overdue_before, jobs.c.task.is_(None)),
     )
     async with db.alone(write=False) as conn:
         counts = {row.what: int(row.n) for row in await conn.execute(query, {"p_now": now})}

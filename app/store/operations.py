@@ -230,6 +230,8 @@ async def list_jobs(db: Database, *, now: datetime, live_within: float) -> list[
                 executions, executions.c.id == latest.c.id
             )
         )
+        # Runtime schedules (a task set) are listed by `schedules list`: they can be a million.
+        .where(jobs.c.task.is_(None))
         .order_by(jobs.c.name)
     )
     async with db.read() as conn:

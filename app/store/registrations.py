@@ -276,7 +276,8 @@ async def overdue_jobs(
     async with db.read() as conn:
         rows = await conn.execute(
             select(jobs.c.name, jobs.c.next_slot_at)
-            .where(jobs.c.next_slot_at < before)
+            # Runtime schedules' overdue slots are decided by their loader (app/runtime.py).
+            .where(jobs.c.next_slot_at < before, jobs.c.task.is_(None))
             .order_by(jobs.c.next_slot_at)
             .limit(limit)
         )

@@ -11,6 +11,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     Index,
     Integer,
     MetaData,
@@ -88,7 +89,38 @@ jobs = Table(
     Column("fingerprint", String(80), nullable=True),
     # {instance_id: "schedule (timezone)"}: instances that stopped firing the job, superseded.
     Column("superseded", JSON, nullable=True),
+    # A runtime schedule (migration 0006): the task it runs (NULL on a code job), its params
+    # and its own jitter (NULL: the task's). Its id is ``name``; ``registered_at`` its creation.
+    Column("task", String(200), nullable=True),
+    Column("params", JSON, nullable=True),
+    Column("jitter", Float, nullable=True),
     Index("ix_scheduler_jobs_next_slot", "next_slot_at"),
+    Index("ix_scheduler_jobs_task", "task", "name"),
+)
+
+# One row per ``@task`` name, as its instances registered it (migration 0006): what a client
+# or the API, which import no task code, know of a task.
+tasks = Table(
+    "scheduler_tasks",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("options", JSON, nullable=False),
+    Column("timezone", String(64), nullable=True),
+    Column("registered_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Column("updated_by", String(200), nullable=True),
+    Column("version", String(32), nullable=True),
+)
+
+# One row (``name`` "schedules"), rewritten with a new random ``token`` by every schedule write
+# that touches a slot soon (migration 0006): what instances without notifications (MariaDB,
+# SQLite, or a PostgreSQL listener lost) poll once a second, one primary-key read.
+changes = Table(
+    "scheduler_changes",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("token", String(32), nullable=False),
+    Column("changed_at", UTCDateTime(), nullable=False),
 )
 
 executions = Table(

@@ -208,11 +208,17 @@ async def test_jobs_due_together_are_claimed_ahead_and_started_at_their_slot(
     await wait_for(completed, what="every outcome written")
 
 
-async def test_a_batch_naming_an_unregistered_job_records_nothing(db: Database) -> None:
+async def test_a_slot_of_a_job_whose_row_is_gone_is_closed_and_the_others_are_decided(
+    db: Database,
+) -> None:
+    """A removed runtime schedule's row is gone: its slot is closed, the batch goes on."""
     await register(db, ["known"])
-    with pytest.raises(LookupError, match="ghost"):
-        await batch_store.claim_many(db, [due("known"), due("ghost")], instance_id="me", now=NOW)
-    assert await recorded(db) == {}
+    decided = await batch_store.claim_many(
+        db, [due("known"), due("ghost")], instance_id="me", now=NOW
+    )
+    assert decided.taken == {"ghost"}
+    assert set(decided.claims) == {"known"}
+    assert {name for name, _ in await recorded(db)} == {"known"}
 
 
 async def test_rows_another_claimer_holds_are_handed_back_undecided(

@@ -1,0 +1,392 @@
+"""Firing runtime schedules: an instance holds in memory only the schedules due within its
+horizon, whatever the number of schedules in the database.
+
+- :class:`ScheduledJob`: a schedule as the firing path sees a job: named by the schedule's id,
+  running its task's function with the schedule's params under ``ctx.params`` (a manual
+  trigger's merged over them), with the task's options as stored in the row.
+- :class:`JobSchedules`: every job's schedule by name for the firing path, code jobs' in a
+  plain dict (their lookups stay a dict's), runtime schedules' while anything holds them.
+- :class:`RuntimePlanner`: the planner's heap and wake-up (:class:`app.planner.Planner`), for
+  schedules: an entry whose schedule was removed or replaced since it was pushed is dropped
+  when it comes up, and a schedule's next slot re-enters the heap only if it is within the
+  horizon; otherwise it is forgotten until the loader finds it again.
+- :class:`Runtime`: the loader. Every ``horizon / 2`` one range read on the ``next_slot_at``
+  index (paged) loads the schedules due within the horizon (overdue ones included: they go
+  through their misfire policy). A write that touches a slot soon is taken in within a second:
+  on PostgreSQL at once by its notification (the removed id is dropped, the updated id read
+  again, an add sends a range read); elsewhere, or while the listener is lost, by polling the
+  change token once a second (one primary-key read) and reading the horizon again when it moves.
+
+A schedule's claim is a job's claim: the row lock, the high-water mark and the unique slot make
+each slot once across the cluster; a claim that finds the row gone (removed) decides nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from app.burst import CLAIM_COST_FIRST, LEAD_BASE, LEAD_MAX, Burst
+from app.clock import Clock
+from app.context import JobContext
+from app.firing import Firing
+from app.misfire import MAX_GRACE
+from app.outage import DB_ERRORS
+from app.planner import Planner
+from app.registry import Job, JobFunc
+from app.roles import Collaborators, Role
+from app.slots import Schedule
+from app.store import due as due_store
+from app.store.dialects import Listening
+from app.store.schedules import CHANGES_ROW, CHANNEL
+
+log = logging.getLogger("slotcron.schedules")
+
+HORIZON = timedelta(seconds=60)
+"""How far ahead an instance holds schedules in memory. Below the writers' announcement window
+(:data:`app.store.schedules.ANNOUNCE_WITHIN`): a write further ahead needs no word."""
+POLL_SECONDS = 1.0
+"""How often an instance without notifications looks at the change token."""
+UNKNOWN_EVERY_SECONDS = 300.0
+"""How often an instance looks for schedules of tasks no live instance registers."""
+_OPTIONS = frozenset(f.name for f in fields(Job)) - {"name", "func", "kind", "expression"}
+
+
+@dataclass(frozen=True, eq=False)
+class ScheduledJob(Job):
+    """A runtime schedule as a job: ``name`` is its id. ``version`` is the row's ``updated_at``
+    (a new one replaces what is held); ``plan`` its slots."""
+
+    plan: Schedule | None = None
+    version: datetime | None = None
+    task: str = ""
+
+
+def _with_params(task: Job, params: dict[str, Any]) -> JobFunc:
+    """The task's function, seeing the schedule's ``params`` under a manual trigger's."""
+
+    async def run(ctx: JobContext) -> None:
+        ctx.params = {**params, **ctx.params}
+        await (task.func(ctx) if task.takes_context else task.func())
+
+    return run
+
+
+def scheduled_job(row: Any, task: Job) -> ScheduledJob:
+    """The job of a schedule's row (:func:`app.store.due.due_before`) whose task is ``task``:
+    the task's options as stored with the row (every instance runs it alike), its own jitter
+    when it has one."""
+    values = {f.name: getattr(task, f.name) for f in fields(Job)}
+    values.update((k, v) for k, v in dict(row.options or {}).items() if k in _OPTIONS)
+    if row.jitter is not None:
+        values["jitter"] = row.jitter
+    values.update(
+        name=row.name,
+        func=_with_params(task, dict(row.params or {})),
+        kind=row.kind,
+        expression=row.schedule,
+        timezone=row.timezone,
+        takes_context=True,
+    )
+    job = ScheduledJob(**values, version=row.updated_at, task=row.task)
+    return replace(job, plan=job.schedule())
+
+
+class JobSchedules(dict[str, Schedule]):
+    """Every job's schedule by name: code jobs' as dict entries (looked up at a dict's speed),
+    runtime schedules' found on a miss, while anything (the heap, a claim, a run) holds their
+    :class:`ScheduledJob`: nothing here keeps a schedule in memory."""
+
+    def __init__(self, code: dict[str, Schedule]) -> None:
+        super().__init__(code)
+        self._held: weakref.WeakValueDictionary[str, ScheduledJob] = weakref.WeakValueDictionary()
+
+    def hold(self, job: ScheduledJob) -> None:
+        self._held[job.name] = job
+
+    def held(self, name: str) -> ScheduledJob | None:
+        return self._held.get(name)
+
+    def __missing__(self, name: str) -> Schedule:
+        job = self._held.get(name)
+        if job is None or job.plan is None:
+            raise KeyError(name)
+        return job.plan
+
+
+class RuntimePlanner(Planner):
+    """The planner for runtime schedules: its own heap, holding the schedules due within the
+    horizon (:attr:`current`, one version of each)."""
+
+    name = "schedules planner"
+
+    def __init__(
+        self,
+        schedules: JobSchedules,
+        *,
+        clock: Clock,
+        firing: Firing,
+        burst: Burst,
+        horizon: timedelta = HORIZON,
+    ) -> None:
+        super().__init__([], schedules, clock=clock, firing=firing, burst=burst)
+        self.horizon = horizon
+        self.current: dict[str, ScheduledJob] = {}
+        self.popped: dict[str, datetime] = {}
+        """Each schedule's last slot taken from the heap: a row still showing it (its claim not
+        yet committed) is not loaded again."""
+
+    def admit(self, job: ScheduledJob, slot: datetime) -> None:
+        """Hold ``job`` (new, or a new version of a schedule held) from ``slot``."""
+        self.current[job.name] = job
+        self._push_and_wake(job, slot)
+
+    def drop(self, name: str) -> None:
+        """Forget a schedule: its entry in the heap goes stale, and is dropped when it comes up."""
+        self.current.pop(name, None)
+
+    def _keeps(self, job: Job, slot: datetime) -> bool:
+        if self.current.get(job.name) is not job:
+            return False
+        self.popped[job.name] = slot
+        return True
+
+    def _push(self, job: Job, slot: datetime) -> None:
+        if self.current.get(job.name) is not job:
+            return  # removed or replaced meanwhile
+        if slot >= self.clock.now() + self.horizon:
+            del self.current[job.name]  # the loader finds it again when it comes near
+            return
+        super()._push(job, slot)
+
+    def _lead(self) -> timedelta:
+        """Slots due together are claimed ahead as a job's are, but past
+        :data:`app.burst.LEAD_MAX` by the first-guess cost of a claim each: a schedule's slots
+        are known a horizon ahead, and a burst of 100,000 takes seconds to claim. At most a
+        quarter of the horizon (and half a period: the burst's own rule)."""
+        lead = super()._lead()
+        if lead < timedelta(seconds=LEAD_MAX) or not self._heap:
+            return lead
+        slot, _, job = self._heap[0]
+        period = self._schedules[job.name].next_after(slot) - slot
+        wanted = timedelta(seconds=LEAD_BASE + self._at_slot[slot] * CLAIM_COST_FIRST)
+        return min(wanted, self.horizon / 4, period / 2)
+
+    def forget_popped(self, before: datetime) -> None:
+        for name in [n for n, slot in self.popped.items() if slot < before]:
+            del self.popped[name]
+
+
+class Runtime(Role):
+    """The loader of runtime schedules (see the module's docstring)."""
+
+    name = "schedules"
+
+    def __init__(
+        self,
+        shared: Collaborators,
+        *,
+        tasks: Sequence[Job],
+        planner: RuntimePlanner,
+        schedules: JobSchedules,
+        pool_size: int = 10,
+        lease: float = 60.0,
+    ) -> None:
+        super().__init__(shared)
+        self.tasks = {t.name: t for t in tasks if t.enabled}
+        self.planner = planner
+        self.schedules = schedules
+        self.horizon = planner.horizon
+        self.lease = lease
+        self.refresh_every = self.horizon.total_seconds() / 2
+        self._wake = asyncio.Event()
+        self._reread: set[str] = set()
+        self._refresh_due = True
+        self._token: str | None = None
+        self._listening: Listening | None = None
+        # A listener takes a pooled connection: only where the pool can spare it (the queued
+        # runs' listener takes another).
+        self._may_listen = pool_size >= 3
+        self._refreshed_at = 0.0
+        self._unknown_at: float | None = None
+        self._reported: set[str] = set()
+        self.loaded = 0
+        """Schedules loaded into memory since start (for tests and benchmarks)."""
+
+    @property
+    def listening(self) -> bool:
+        return self._listening is not None and self._listening.alive
+
+    async def stopped(self) -> None:
+        if self._listening is not None:
+            await self._listening.close()
+            self._listening = None
+
+    async def run(self) -> None:
+        while not self.tasks:  # nothing to fire here: only report what no instance fires
+            try:
+                await self._report_unknown()
+            except DB_ERRORS as exc:
+                self.outage.failed(exc, "looking for schedules no instance fires")
+            await asyncio.sleep(UNKNOWN_EVERY_SECONDS)
+        while True:
+            if self._may_listen and await self._listen():
+                self._refresh_due = True  # something may have changed unheard
+            timeout = self.refresh_every - (time.monotonic() - self._refreshed_at)
+            if not self.listening:
+                timeout = min(timeout, POLL_SECONDS)
+            if not self._refresh_due and not self._reread:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(timeout, 0)):
+                        await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.step()
+            except DB_ERRORS as exc:
+                self.outage.failed(exc, "loading the schedules due soon")
+                await asyncio.sleep(POLL_SECONDS)
+            else:
+                self.outage.recovered()
+
+    async def step(self) -> None:
+        """One round: read again what changed, or the whole horizon when it is time."""
+        if not self.listening and not self._refresh_due:
+            token = await due_store.change_token(self.db, CHANGES_ROW)
+            if token != self._token:
+                self._token = token
+                self._refresh_due = True
+        if time.monotonic() - self._refreshed_at >= self.refresh_every:
+            self._refresh_due = True
+        if self._refresh_due:
+            self._refresh_due = False
+            self._reread.clear()
+            await self.refresh()
+        elif self._reread:
+            ids, self._reread = sorted(self._reread), set()
+            rows = await due_store.by_ids(self.db, ids)
+            now = self.clock.now()
+            for name in ids:
+                self._apply(name, rows.get(name), now)
+        await self._report_unknown()
+
+    async def refresh(self) -> None:
+        """Load every schedule due within the horizon that is not held yet (or held in an older
+        version); read again by id those held that the range did not return (removed, or
+        moved out of the horizon)."""
+        if self._token is None and not self.listening:
+            self._token = await due_store.change_token(self.db, CHANGES_ROW)
+        self._refreshed_at = time.monotonic()
+        now = self.clock.now()
+        seen: set[str] = set()
+        async for rows in due_store.due_before(self.db, list(self.tasks), now + self.horizon):
+            for row in rows:
+                seen.add(row.name)
+                self._apply(row.name, row, now)
+        missing = [name for name in self.planner.current if name not in seen]
+        if missing:
+            rows_by_id = await due_store.by_ids(self.db, missing)
+            for name in missing:
+                self._apply(name, rows_by_id.get(name), now)
+        self.planner.forget_popped(now - 2 * self.horizon - MAX_GRACE)
+
+    def _apply(self, name: str, row: Any, now: datetime) -> None:
+        """Bring what is held of schedule ``name`` in line with its row (None: removed)."""
+        planner = self.planner
+        held = planner.current.get(name)
+        task = self.tasks.get(row.task) if row is not None else None
+        if row is None or task is None or row.next_slot_at is None:
+            planner.drop(name)
+            return
+        if held is not None and held.version == row.updated_at:
+            return
+        slot: datetime = row.next_slot_at
+        if slot >= now + self.horizon:
+            planner.drop(name)
+            return
+        popped = planner.popped.get(name)
+        if held is None and popped is not None and slot <= popped:
+            return  # its last slot's claim has not committed yet: the slot is being decided
+        job = scheduled_job(row, task)
+        self.schedules.hold(job)
+        planner.admit(job, slot)
+        self.loaded += 1
+
+    async def resolve(self, name: str) -> Job | None:
+        """The job of schedule ``name`` if its task is registered here (a queued run of a
+        schedule not held in memory: a manual trigger, a retry); None otherwise."""
+        job = self.schedules.held(name)
+        if job is not None:
+            return job
+        row = (await due_store.by_ids(self.db, [name])).get(name)
+        task = self.tasks.get(row.task) if row is not None else None
+        if task is None:
+            return None
+        job = scheduled_job(row, task)
+        self.schedules.hold(job)
+        return job
+
+    def _notified(self, payload: str) -> None:
+        """A schedule write committed (PostgreSQL): ``add <slot>``, ``update <id> <slot>``,
+        ``remove <id>``; an empty payload means the listening connection was lost."""
+        what, _, rest = payload.partition(" ")
+        if what == "remove":
+            self.planner.drop(rest)
+        elif what == "update":
+            self._reread.add(rest.rpartition(" ")[0])
+        elif what == "add":
+            with contextlib.suppress(ValueError):
+                if datetime.fromisoformat(rest) >= self.clock.now() + self.horizon:
+                    return  # found by a range read before it is due
+            self._refresh_due = True
+        else:
+            self._refresh_due = True
+        self._wake.set()
+
+    async def _listen(self) -> bool:
+        """Listen for schedule writes if possible; True when a new listener started."""
+        if self.listening:
+            return False
+        if self._listening is not None:
+            await self._listening.close()
+            self._listening = None
+            log.info("lost the connection listening for schedule writes: polling until it is back")
+        try:
+            self._listening = await self.db.dialect.listen(self.db.engine, CHANNEL, self._notified)
+        except DB_ERRORS:
+            return False
+        return self._listening is not None
+
+    async def _report_unknown(self) -> None:
+        """Warn once per task about schedules whose task no live instance registers: their slots
+        wait, and are decided by their misfire policy once an instance that has the task
+        starts."""
+        if self._unknown_at is not None and (
+            time.monotonic() - self._unknown_at < UNKNOWN_EVERY_SECONDS
+        ):
+            return
+        self._unknown_at = time.monotonic()
+        others = [
+            t
+            for t in await due_store.tasks_with_schedules(self.db)
+            if t not in self.tasks and t not in self._reported
+        ]
+        if not others:
+            return
+        since = self.clock.now() - timedelta(seconds=self.lease)
+        live = await due_store.live_tasks(self.db, others, alive_since=since)
+        for task in others:
+            if task not in live:
+                self._reported.add(task)
+                log.warning(
+                    "schedules of task %r are not fired: no live instance registers it (this "
+                    "one does not); their slots wait, and are decided by the task's misfire "
+                    "policy once an instance that registers it starts",
+                    task,
+                )
