@@ -5,8 +5,9 @@ A run claimed ahead of its slot (a burst), taken from the queue, or delayed by j
 at its time: until then another instance can have it handed back (its instance died, stopped or
 was fenced), and a pause committed before its time is honoured (``SKIPPED``).
 
-A burst's runs are kicked off together: one statement per chunk at the slot, whatever the
-number of runs (:meth:`Kickoff.at`); any other run, on its own (:meth:`Kickoff.one`).
+A burst's runs are kicked off together: one start marker per chunk at the slot, whatever the
+number of runs (:meth:`Kickoff.at`, :mod:`app.store.markers`); any other run, on its own
+(:meth:`Kickoff.one`), by stamping its row.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from app.logs import run_fields
 from app.outage import DB_ERRORS, Backoff
 from app.roles import Collaborators
 from app.status import Status
-from app.store import starts
+from app.store import markers, starts
 from app.store.claims import Claim
 
 log = logging.getLogger("slotcron.runner")
@@ -41,10 +42,13 @@ class Kickoff:
         """Set by shutdown: no body starts any more; unstarted runs are handed back."""
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def at(self, slot: datetime, claims: Collection[Claim]) -> dict[int, asyncio.Future[bool]]:
-        """Start ``claims`` (runs claimed ahead of ``slot``) together once ``slot`` comes; each
-        one's future says whether its body may start. A future cancelled (its run was handed
-        back or stopped meanwhile) drops its run from the statement."""
+    def at(
+        self, slot: datetime, claims: Collection[Claim], start_key: str
+    ) -> dict[int, asyncio.Future[bool]]:
+        """Start ``claims`` (runs claimed ahead of ``slot``, under ``start_key``) together once
+        ``slot`` comes: one marker for them all; each one's future says whether its body may
+        start. A run whose future was cancelled meanwhile (handed back or stopped) is handed
+        back by its runner, marker or not: its body never started."""
         loop = asyncio.get_running_loop()
         futures = {claim.execution_id: loop.create_future() for claim in claims}
         by_id = {claim.execution_id: claim for claim in claims}
@@ -52,7 +56,7 @@ class Kickoff:
         async def kick() -> None:
             try:
                 await self.clock.sleep_until(slot)
-                await self._start(by_id, futures)
+                await self._mark(slot, start_key, by_id, futures)
             finally:
                 for future in futures.values():
                     if not future.done():
@@ -71,6 +75,41 @@ class Kickoff:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         await self._start({claim.execution_id: claim}, {claim.execution_id: future})
         return future.done() and future.result()
+
+    async def _mark(
+        self,
+        slot: datetime,
+        start_key: str,
+        claims: dict[int, Claim],
+        futures: dict[int, asyncio.Future[bool]],
+    ) -> None:
+        backoff = Backoff(jitter=0.5)
+        while not self.closing and not all(future.done() for future in futures.values()):
+            try:
+                marked = await markers.mark(
+                    self.db,
+                    start_key,
+                    slot=slot,
+                    instance_id=self.instance_id,
+                    now=self.clock.now(),
+                )
+            except DB_ERRORS as exc:
+                # Not started, still ours while the lease holds: try again (see _start).
+                self.outage.failed(exc, f"starting {len(futures)} runs")
+                await backoff.wait()
+                continue
+            self.outage.recovered()
+            if marked.early:
+                await asyncio.sleep(EARLY_RETRY)
+                continue
+            for execution_id, reason in marked.skipped.items():
+                if execution_id in claims:
+                    self._skipped(claims[execution_id], reason)
+                    _settle(futures[execution_id], False)
+            for execution_id, future in futures.items():
+                ours = marked.only is None or execution_id in marked.only
+                _settle(future, marked.started and ours and not self.closing)
+            return
 
     async def _start(
         self, claims: dict[int, Claim], futures: dict[int, asyncio.Future[bool]]
