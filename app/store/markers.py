@@ -115,21 +115,28 @@ def _mark(dialect: Dialect, server_clock: bool) -> _Mark:
         .where(start_markers.c.start_key == key)
         .scalar_subquery()
     )
-    state = [due.label("due"), live.label("live"), holder.label("holder"), handed.label("handed")]
+    marked = exists().where(start_markers.c.start_key == key)
+    state = [
+        due.label("due"),
+        live.label("live"),
+        marked.label("marked"),
+        holder.label("holder"),
+        handed.label("handed"),
+    ]
     one_trip = None
     if dialect.modifying_cte:
         # One round trip: insert the marker, record the paused jobs' runs SKIPPED if it went in,
         # and say what was found, in one statement (its parts share one snapshot).
-        marked = insert.returning(start_markers.c.start_key).cte("marked")
+        inserting = insert.returning(start_markers.c.start_key).cte("inserting")
         skip = (
             update(executions)
-            .where(paused, exists(select(marked.c.start_key)))
+            .where(paused, exists(select(inserting.c.start_key)))
             .values(skipped)
             .returning(executions.c.id, executions.c.error)
             .cte("skipped")
         )
         one = select(literal(1).label("one")).subquery("one")
-        inserted = select(func.count()).select_from(marked).scalar_subquery()
+        inserted = select(func.count()).select_from(inserting).scalar_subquery()
         one_trip = select(inserted.label("inserted"), *state, skip.c.id, skip.c.error).select_from(
             one.outerjoin(skip, true())
         )
@@ -209,7 +216,7 @@ async def _found(
     db: Database, sql: _Mark, state: Any, params: dict[str, Any], out: Marked
 ) -> Marked:
     """The marker did not go in: judge by what was found instead."""
-    if state.holder is None:
+    if not state.marked:
         # Still ours: the slot has not come by the database's clock, or a concurrent insert of
         # the key is not visible to our snapshot yet. Else none of the chunk is ours any more.
         out.early = bool(state.live)
