@@ -195,6 +195,7 @@ async def claimed_late(
         values = {
             "status": Status.MISSED,
             "started_at": None,
+            "start_key": None,  # never started: no chunk's marker is its start
             "finished_at": now,
             "error": missed_reason,
             "lease_until": now,
