@@ -26,7 +26,9 @@ from tests.integration.test_starts import EARLY, LEASE, row_of, set_paused
 LAPSED = EARLY + LEASE + timedelta(seconds=1)
 
 
-async def claim_chunk(db: Database, names: list[str], instance: str = "me") -> tuple[str, list[int]]:
+async def claim_chunk(
+    db: Database, names: list[str], instance: str = "me"
+) -> tuple[str, list[int]]:
     """Claim ``names`` ahead of SLOT in one transaction: their chunk's key and execution ids."""
     decided = await batch_store.claim_many(
         db, [due(name) for name in names], instance_id=instance, now=EARLY
@@ -219,7 +221,8 @@ async def test_a_burst_started_by_its_marker_shows_started_at_in_flight_and_reco
     async def claimed() -> bool:
         async with db.read() as conn:
             rows = (await conn.execute(select(executions.c.start_key))).all()
-        return len(rows) == 5 and len({r.start_key for r in rows}) == 1 and rows[0].start_key is not None
+        keys = {r.start_key for r in rows}
+        return len(rows) == 5 and len(keys) == 1 and None not in keys
 
     await wait_for(claimed, what="the burst claimed ahead, one chunk")
     assert began == []
