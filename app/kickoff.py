@@ -83,13 +83,17 @@ class Kickoff:
         claims: dict[int, Claim],
         futures: dict[int, asyncio.Future[bool]],
     ) -> None:
+        runs = {execution_id: claim.job_name for execution_id, claim in claims.items()}
+        lease_until = min(claim.lease_until or slot for claim in claims.values())
         backoff = Backoff(jitter=0.5)
         while not self.closing and not all(future.done() for future in futures.values()):
             try:
                 marked = await markers.mark(
                     self.db,
                     start_key,
+                    runs=runs,
                     slot=slot,
+                    lease_until=lease_until,
                     instance_id=self.instance_id,
                     now=self.clock.now(),
                 )

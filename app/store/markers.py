@@ -17,7 +17,7 @@ those rows are written). Lone claims and queue takes still stamp ``started_at`` 
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -67,6 +67,12 @@ class _Mark:
     one_trip: Any
 
 
+def _reason(paused_reason: ColumnElement[Any]) -> ColumnElement[Any]:
+    return literal("job is paused", String()) + func.coalesce(
+        literal(": ", String()) + paused_reason, literal("", String())
+    )
+
+
 @functools.cache
 def _mark(dialect: Dialect, server_clock: bool) -> _Mark:
     db_now = now_in_sql(dialect, server_clock)
@@ -74,33 +80,34 @@ def _mark(dialect: Dialect, server_clock: bool) -> _Mark:
     me = bindparam("p_instance", type_=String())
     now = bindparam("p_now", type_=UTCDateTime())
     slot = bindparam("p_slot", type_=UTCDateTime())
+    # Each part reads the chunk's rows by id (``p_ids``) and its jobs by name (``p_names``):
+    # a key or an instance's RUNNING rows can be thousands, never to be scanned at the slot.
     mine = and_(
+        dialect.among(executions.c.id, "p_ids", executions.c.id.type),
         executions.c.start_key == key,
         executions.c.status == Status.RUNNING.value,
         executions.c.instance_id == me,
     )
-    # The marker goes in only once the slot has come by the database's clock, and while some
-    # run of the chunk is still ours with a live lease.
+    # The marker goes in only once the slot has come by the database's clock, and while the
+    # chunk's leases are live: their first lapse as claimed (``p_lease_until``; renewals only
+    # push it later). Its rows are handed back only after that (by the leader, under a
+    # tombstone), so no marker can go in for a chunk handed back, even once its tombstone is gone.
     due = slot <= db_now
-    live = exists().where(mine, executions.c.lease_until > db_now)
+    live = bindparam("p_lease_until", type_=UTCDateTime()) > db_now
     marker = select(key, me, bindparam("p_started", type_=UTCDateTime()), false(), now).where(
         due, live
     )
     insert = dialect.insert_new(start_markers).from_select(
         ["start_key", "instance_id", "started_at", "handed_back", "created_at"], marker
     )
-    paused = and_(
-        mine,
-        executions.c.job_name == jobs.c.name,
-        executions.c.trigger.in_(SCHEDULED),
-        jobs.c.paused == true(),
+    # The chunk's paused jobs, read off the index on `paused`: almost always none, and then
+    # no run of the chunk is read at all.
+    paused_jobs = select(jobs.c.name, jobs.c.paused_reason).where(
+        jobs.c.paused == true(), dialect.among(jobs.c.name, "p_names", String())
     )
-    reason = literal("job is paused", String()) + func.coalesce(
-        literal(": ", String()) + jobs.c.paused_reason, literal("", String())
-    )
+    scheduled = executions.c.trigger.in_(SCHEDULED)
     skipped = {
         executions.c.status: Status.SKIPPED.value,
-        executions.c.error: reason,
         executions.c.finished_at: now,
         executions.c.lease_until: now,
         executions.c.start_key: None,  # never started: the marker is not its start
@@ -128,10 +135,16 @@ def _mark(dialect: Dialect, server_clock: bool) -> _Mark:
         # One round trip: insert the marker, record the paused jobs' runs SKIPPED if it went in,
         # and say what was found, in one statement (its parts share one snapshot).
         inserting = insert.returning(start_markers.c.start_key).cte("inserting")
+        paused = paused_jobs.cte("paused_jobs")
         skip = (
             update(executions)
-            .where(paused, exists(select(inserting.c.start_key)))
-            .values(skipped)
+            .where(
+                mine,
+                executions.c.job_name == paused.c.name,
+                scheduled,
+                exists(select(inserting.c.start_key)),
+            )
+            .values({**skipped, executions.c.error: _reason(paused.c.paused_reason)})
             .returning(executions.c.id, executions.c.error)
             .cte("skipped")
         )
@@ -140,12 +153,15 @@ def _mark(dialect: Dialect, server_clock: bool) -> _Mark:
         one_trip = select(inserted.label("inserted"), *state, skip.c.id, skip.c.error).select_from(
             one.outerjoin(skip, true())
         )
+    by_job = and_(mine, executions.c.job_name == jobs.c.name, scheduled, jobs.c.paused == true())
     return _Mark(
         insert=insert,
         skip=update(executions)
-        .where(paused, dialect.among(executions.c.id, "p_ids", executions.c.id.type))
-        .values(skipped),
-        paused=select(executions.c.id, reason.label("error")).where(paused),
+        .where(by_job, dialect.among(executions.c.id, "p_skip", executions.c.id.type))
+        .values({**skipped, executions.c.error: _reason(jobs.c.paused_reason)}),
+        paused=select(executions.c.id, _reason(jobs.c.paused_reason).label("error")).where(
+            by_job, dialect.among(jobs.c.name, "p_names", String())
+        ),
         state=select(*state),
         ours=select(executions.c.id).where(mine),
         one_trip=one_trip,
@@ -168,17 +184,29 @@ class Marked:
 
 
 async def mark(
-    db: Database, start_key: str, *, slot: datetime, instance_id: str, now: datetime
+    db: Database,
+    start_key: str,
+    *,
+    runs: Mapping[int, str],
+    slot: datetime,
+    lease_until: datetime,
+    instance_id: str,
+    now: datetime,
 ) -> Marked:
-    """Start the chunk ``start_key`` of this instance's runs claimed ahead of ``slot``: one
-    round trip on PostgreSQL (three elsewhere), whatever the number of runs. Not started when
-    the leader handed the chunk back first, or none of its runs is still ours."""
+    """Start the chunk ``start_key`` of this instance's ``runs`` (execution id: job name)
+    claimed ahead of ``slot``, whose leases were claimed until ``lease_until`` (the earliest):
+    one round trip on PostgreSQL (a short transaction elsewhere), writing one row whatever the
+    number of runs. Not started when the leader handed the chunk back first, or its leases
+    lapsed."""
     sql = _mark(db.dialect, db.server_clock)
     params = {
         "p_key": start_key,
+        "p_ids": list(runs),
+        "p_names": list(set(runs.values())),
         "p_instance": instance_id,
         "p_now": now,
         "p_slot": slot,
+        "p_lease_until": lease_until,
         # Never before the slot: the scheduler's clock may be a hair behind the database's.
         "p_started": max(slot, now),
     }
@@ -208,7 +236,7 @@ async def _skip_paused(
     there are none, as nearly always, nothing is written)."""
     paused = {int(r.id): r.error for r in await conn.execute(sql.paused, params)}
     if paused:
-        await conn.execute(sql.skip, {**params, "p_ids": list(paused)})
+        await conn.execute(sql.skip, {**params, "p_skip": list(paused)})
         out.skipped = paused
 
 
@@ -284,7 +312,10 @@ async def rehearse(db: Database, conn: AsyncConnection) -> None:
         "p_now": epoch,
         "p_slot": epoch,
         "p_started": epoch,
+        "p_lease_until": epoch,
         "p_ids": [],
+        "p_names": [],
+        "p_skip": [],
     }
     if sql.one_trip is not None:
         await conn.execute(sql.one_trip, params)

@@ -89,6 +89,8 @@ jobs = Table(
     # {instance_id: "schedule (timezone)"}: instances that stopped firing the job, superseded.
     Column("superseded", JSON, nullable=True),
     Index("ix_scheduler_jobs_next_slot", "next_slot_at"),
+    # A burst's chunk, at its slot, reads which of its jobs are paused off this (migration 0006).
+    Index("ix_scheduler_jobs_paused", "paused"),
 )
 
 executions = Table(

@@ -4,6 +4,7 @@
 - ``scheduler_starts``: one row per chunk, inserted once at the slot by the instance starting
   it (``started_at``), or by the leader handing the chunk back (``handed_back``): the primary
   key makes the two exclusive.
+- ``ix_scheduler_jobs_paused``: at its slot, a chunk reads which of its jobs are paused.
 
 Revision ID: 0006
 Revises: 0005
@@ -35,6 +36,7 @@ def upgrade() -> None:
     with op.batch_alter_table("scheduler_executions") as batch:
         batch.add_column(sa.Column("start_key", sa.String(32), nullable=True))
         batch.create_index("ix_scheduler_executions_start_key", ["start_key"])
+    op.create_index("ix_scheduler_jobs_paused", "scheduler_jobs", ["paused"])
     op.create_table(
         "scheduler_starts",
         sa.Column("start_key", sa.String(32), primary_key=True),
@@ -47,6 +49,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("scheduler_starts")
+    op.drop_index("ix_scheduler_jobs_paused", "scheduler_jobs")
     with op.batch_alter_table("scheduler_executions") as batch:
         batch.drop_index("ix_scheduler_executions_start_key")
         batch.drop_column("start_key")

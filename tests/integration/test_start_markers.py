@@ -26,16 +26,32 @@ from tests.integration.test_starts import EARLY, LEASE, row_of, set_paused
 LAPSED = EARLY + LEASE + timedelta(seconds=1)
 
 
-async def claim_chunk(
-    db: Database, names: list[str], instance: str = "me"
-) -> tuple[str, list[int]]:
+CLAIMED: dict[str, tuple[dict[int, str], datetime]] = {}
+"""Of each chunk claimed here, its runs (id: job) and the earliest lease as claimed."""
+
+
+async def claim_chunk(db: Database, names: list[str]) -> tuple[str, list[int]]:
     """Claim ``names`` ahead of SLOT in one transaction: their chunk's key and execution ids."""
     decided = await batch_store.claim_many(
-        db, [due(name) for name in names], instance_id=instance, now=EARLY
+        db, [due(name) for name in names], instance_id="me", now=EARLY
     )
     keys = {decided.start_keys[name] for name in names}
     assert len(keys) == 1, "one chunk, one slot: one key"
-    return keys.pop(), [decided.claims[name].execution_id for name in names]
+    key = keys.pop()
+    claims = [decided.claims[name] for name in names]
+    CLAIMED[key] = (
+        {c.execution_id: c.job_name for c in claims},
+        min(c.lease_until for c in claims if c.lease_until is not None),
+    )
+    return key, [c.execution_id for c in claims]
+
+
+async def mark(db: Database, key: str, now: datetime = SLOT) -> markers.Marked:
+    """The chunk's instance inserting its marker at ``now``, as its kick-off does."""
+    runs, lease_until = CLAIMED[key]
+    return await markers.mark(
+        db, key, runs=runs, slot=SLOT, lease_until=lease_until, instance_id="me", now=now
+    )
 
 
 async def markers_of(db: Database) -> list[tuple[str, str | None, datetime | None, bool]]:
@@ -53,7 +69,7 @@ async def test_a_chunk_claimed_ahead_shares_one_key_and_starts_with_one_marker(
         row = await row_of(db, execution_id)
         assert (row["start_key"], row["started_at"], row["status"]) == (key, None, "RUNNING")
 
-    marked = await markers.mark(db, key, slot=SLOT, instance_id="me", now=SLOT)
+    marked = await mark(db, key)
 
     assert (marked.started, marked.only, marked.skipped, marked.early) == (True, None, {}, False)
     assert await markers_of(db) == [(key, "me", SLOT, False)]
@@ -67,9 +83,7 @@ async def test_a_marker_is_not_inserted_before_the_slot_by_the_database_clock(
     await register(db, ["a"])
     key, _ = await claim_chunk(db, ["a"])
 
-    marked = await markers.mark(
-        db, key, slot=SLOT, instance_id="me", now=SLOT - timedelta(milliseconds=1)
-    )
+    marked = await mark(db, key, now=SLOT - timedelta(milliseconds=1))
 
     assert (marked.started, marked.early) == (False, True)
     assert await markers_of(db) == []
@@ -89,8 +103,13 @@ async def test_the_leader_tombstone_first_means_the_instance_starts_nothing_of_t
         row = await row_of(db, execution_id)
         assert (row["status"], row["start_key"], row["started_at"]) == ("QUEUED", None, None)
     # Its instance, late (a pause, say): the key is taken, nothing of the chunk starts.
-    late = await markers.mark(db, key, slot=SLOT, instance_id="me", now=SLOT)
+    late = await mark(db, key)
     assert (late.started, late.early) == (False, False)
+    # Nor once the tombstone is pruned: the chunk's leases lapsed before it went in.
+    assert await markers.prune(db, before=LAPSED + timedelta(seconds=1)) == 1
+    later = await mark(db, key, now=LAPSED)
+    assert (later.started, later.early) == (False, False)
+    assert await markers_of(db) == []
 
 
 async def test_the_leader_tombstones_a_chunk_whose_runs_are_still_ours_and_the_marker_loses(
@@ -101,7 +120,7 @@ async def test_the_leader_tombstones_a_chunk_whose_runs_are_still_ours_and_the_m
     key, _ = await claim_chunk(db, ["a"])
     assert await markers.settle(db, [key], now=SLOT) == {key: None}
 
-    marked = await markers.mark(db, key, slot=SLOT, instance_id="me", now=SLOT)
+    marked = await mark(db, key)
 
     assert (marked.started, marked.early) == (False, False)
     assert await markers_of(db) == [(key, None, None, True)]
@@ -112,7 +131,7 @@ async def test_the_marker_first_means_the_leader_records_abandoned_started_at_th
 ) -> None:
     await register(db, ["a", "b"])
     key, ids = await claim_chunk(db, ["a", "b"])
-    assert (await markers.mark(db, key, slot=SLOT, instance_id="me", now=SLOT)).started
+    assert (await mark(db, key)).started
 
     found = await lifeline.abandon_lapsed(db, now=LAPSED)
 
@@ -132,7 +151,7 @@ async def test_a_started_chunk_is_not_handed_back_by_its_instance_unless_its_bod
 ) -> None:
     await register(db, ["a", "b"])
     key, (a, b) = await claim_chunk(db, ["a", "b"])
-    await markers.mark(db, key, slot=SLOT, instance_id="me", now=SLOT)
+    await mark(db, key)
 
     assert await lifeline.hand_back_mine(db, [a], instance_id="me", now=SLOT) == set()
     # Cancelled between its marker and its body: its runner knows, and hands it back alone.
@@ -151,7 +170,7 @@ async def test_a_pause_committed_before_the_slot_skips_its_run_in_the_markers_ro
     key, (paused, running) = await claim_chunk(db, ["paused", "running"])
     await set_paused(db, "paused", True)
 
-    marked = await markers.mark(db, key, slot=SLOT, instance_id="me", now=SLOT)
+    marked = await mark(db, key)
 
     assert marked.started and marked.skipped == {paused: "job is paused"}
     skipped = await row_of(db, paused)
@@ -170,7 +189,7 @@ async def test_started_at_of_a_run_in_flight_is_its_markers_and_written_when_it_
 ) -> None:
     await register(db, ["a"])
     key, (a,) = await claim_chunk(db, ["a"])
-    await markers.mark(db, key, slot=SLOT, instance_id="me", now=SLOT)
+    await mark(db, key)
 
     (listed,) = await history.list_executions(db)
     one = await timeline.execution(db, a)
@@ -192,7 +211,7 @@ async def test_started_at_of_a_run_in_flight_is_its_markers_and_written_when_it_
 async def test_a_marker_is_kept_while_a_run_of_its_chunk_is_in_flight(db: Database) -> None:
     await register(db, ["a"])
     key, _ = await claim_chunk(db, ["a"])
-    await markers.mark(db, key, slot=SLOT, instance_id="me", now=SLOT)
+    await mark(db, key)
 
     assert await markers.prune(db, before=SLOT + timedelta(hours=1)) == 0
     assert len(await markers_of(db)) == 1
