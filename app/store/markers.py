@@ -60,8 +60,9 @@ def started_at() -> ColumnElement[Any]:
 @dataclass(frozen=True)
 class _Mark:
     insert: Any
+    paused_jobs: Any
+    runs_of: Any
     skip: Any
-    paused: Any
     state: Any
     ours: Any
     one_trip: Any
@@ -100,9 +101,9 @@ def _mark(dialect: Dialect, server_clock: bool) -> _Mark:
     insert = dialect.insert_new(start_markers).from_select(
         ["start_key", "instance_id", "started_at", "handed_back", "created_at"], marker
     )
-    # The chunk's paused jobs, read off the index on `paused`: almost always none, and then
-    # no run of the chunk is read at all.
-    paused_jobs = select(jobs.c.name, jobs.c.paused_reason).where(
+    # The chunk's paused jobs, read first (off the index on `paused`): almost always none,
+    # and then no run of the chunk is read at all.
+    paused_jobs = select(jobs.c.name, _reason(jobs.c.paused_reason).label("error")).where(
         jobs.c.paused == true(), dialect.among(jobs.c.name, "p_names", String())
     )
     scheduled = executions.c.trigger.in_(SCHEDULED)
@@ -135,16 +136,17 @@ def _mark(dialect: Dialect, server_clock: bool) -> _Mark:
         # One round trip: insert the marker, record the paused jobs' runs SKIPPED if it went in,
         # and say what was found, in one statement (its parts share one snapshot).
         inserting = insert.returning(start_markers.c.start_key).cte("inserting")
-        paused = paused_jobs.cte("paused_jobs")
+        paused = paused_jobs.cte("paused_jobs")  # read twice: computed once, first
         skip = (
             update(executions)
             .where(
+                exists(select(paused.c.name)),  # a one-time test: none paused, nothing read
                 mine,
                 executions.c.job_name == paused.c.name,
                 scheduled,
                 exists(select(inserting.c.start_key)),
             )
-            .values({**skipped, executions.c.error: _reason(paused.c.paused_reason)})
+            .values({**skipped, executions.c.error: paused.c.error})
             .returning(executions.c.id, executions.c.error)
             .cte("skipped")
         )
@@ -153,15 +155,15 @@ def _mark(dialect: Dialect, server_clock: bool) -> _Mark:
         one_trip = select(inserted.label("inserted"), *state, skip.c.id, skip.c.error).select_from(
             one.outerjoin(skip, true())
         )
-    by_job = and_(mine, executions.c.job_name == jobs.c.name, scheduled, jobs.c.paused == true())
     return _Mark(
         insert=insert,
-        skip=update(executions)
-        .where(by_job, dialect.among(executions.c.id, "p_skip", executions.c.id.type))
-        .values({**skipped, executions.c.error: _reason(jobs.c.paused_reason)}),
-        paused=select(executions.c.id, _reason(jobs.c.paused_reason).label("error")).where(
-            by_job, dialect.among(jobs.c.name, "p_names", String())
+        paused_jobs=paused_jobs,
+        runs_of=select(executions.c.id, executions.c.job_name).where(
+            mine, scheduled, dialect.among(executions.c.job_name, "p_paused", String())
         ),
+        skip=update(executions)
+        .where(mine, dialect.among(executions.c.id, "p_skip", executions.c.id.type))
+        .values({**skipped, executions.c.error: bindparam("p_error", type_=String())}),
         state=select(*state),
         ours=select(executions.c.id).where(mine),
         one_trip=one_trip,
@@ -232,12 +234,18 @@ async def mark(
 async def _skip_paused(
     conn: AsyncConnection, sql: _Mark, params: dict[str, Any], out: Marked
 ) -> None:
-    """Record SKIPPED the runs of the chunk whose job is paused (a plain read first: where
-    there are none, as nearly always, nothing is written)."""
-    paused = {int(r.id): r.error for r in await conn.execute(sql.paused, params)}
-    if paused:
-        await conn.execute(sql.skip, {**params, "p_skip": list(paused)})
-        out.skipped = paused
+    """Record SKIPPED the runs of the chunk whose job is paused (the paused jobs are read
+    first: where there are none, as nearly always, no run is read or written)."""
+    paused = {r.name: r.error for r in await conn.execute(sql.paused_jobs, params)}
+    if not paused:
+        return
+    runs = await conn.execute(sql.runs_of, {**params, "p_paused": list(paused)})
+    by_reason: dict[str, list[int]] = {}
+    for run in runs:
+        by_reason.setdefault(paused[run.job_name], []).append(int(run.id))
+    for reason, ids in by_reason.items():
+        await conn.execute(sql.skip, {**params, "p_skip": ids, "p_error": reason})
+        out.skipped.update(dict.fromkeys(ids, reason))
 
 
 async def _found(
@@ -322,4 +330,4 @@ async def rehearse(db: Database, conn: AsyncConnection) -> None:
         return
     await conn.execute(sql.insert, params)
     await conn.execute(sql.state, params)
-    await conn.execute(sql.paused, params)
+    await conn.execute(sql.paused_jobs, params)
