@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import datetime
 
 from app import alerts
@@ -41,24 +42,38 @@ class Kickoff:
         self.closing = False
         """Set by shutdown: no body starts any more; unstarted runs are handed back."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._waiting: dict[str, _Waiting] = {}
+        """Runs claimed ahead, by start key, whose kick-off has not come yet."""
 
     def at(
         self, slot: datetime, claims: Collection[Claim], start_key: str
     ) -> dict[int, asyncio.Future[bool]]:
         """Start ``claims`` (runs claimed ahead of ``slot``, under ``start_key``) together once
-        ``slot`` comes: one marker for them all; each one's future says whether its body may
-        start. A run whose future was cancelled meanwhile (handed back or stopped) is handed
-        back by its runner, marker or not: its body never started."""
+        ``slot`` comes: one marker for them and every other chunk of the same key still
+        waiting for it (a burst's chunks share their slot's key); each one's future says
+        whether its body may start. A run whose future was cancelled meanwhile (handed back or
+        stopped) is handed back by its runner, marker or not: its body never started."""
         loop = asyncio.get_running_loop()
         futures = {claim.execution_id: loop.create_future() for claim in claims}
-        by_id = {claim.execution_id: claim for claim in claims}
+        waiting = self._waiting.get(start_key)
+        if waiting is not None:  # another chunk of the burst: one marker for both
+            waiting.claims.update({claim.execution_id: claim for claim in claims})
+            waiting.futures.update(futures)
+            return futures
+        waiting = self._waiting[start_key] = _Waiting(
+            {claim.execution_id: claim for claim in claims}, dict(futures)
+        )
 
         async def kick() -> None:
             try:
                 await self.clock.sleep_until(slot)
-                await self._mark(slot, start_key, by_id, futures)
+                self._done_waiting(
+                    start_key, waiting
+                )  # a chunk claimed late: a kick-off of its own
+                await self._mark(slot, start_key, waiting.claims, waiting.futures)
             finally:
-                for future in futures.values():
+                self._done_waiting(start_key, waiting)
+                for future in waiting.futures.values():
                     if not future.done():
                         future.set_result(False)
 
@@ -66,6 +81,10 @@ class Kickoff:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return futures
+
+    def _done_waiting(self, start_key: str, waiting: _Waiting) -> None:
+        if self._waiting.get(start_key) is waiting:
+            del self._waiting[start_key]
 
     async def one(self, claim: Claim) -> bool:
         """Start one run, at its slot at the earliest (a slot handed back before its time is
@@ -171,6 +190,12 @@ class Kickoff:
                 Status.SKIPPED,
             ),
         )
+
+
+@dataclass
+class _Waiting:
+    claims: dict[int, Claim]
+    futures: dict[int, asyncio.Future[bool]]
 
 
 def _settle(future: asyncio.Future[bool], value: bool) -> None:

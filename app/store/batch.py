@@ -8,6 +8,7 @@ round trips do not grow with the batch. Rows another claimer holds are skipped
 from __future__ import annotations
 
 import functools
+import hashlib
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -103,6 +104,16 @@ def _batch(dialect: Dialect, server_clock: bool = False) -> _Batch:
     )
 
 
+_PROCESS = secrets.token_hex(8)
+
+
+def start_key(instance_id: str, slot: datetime) -> str:
+    """The start marker's key of this process's runs claimed ahead of ``slot``: the same for
+    every chunk of a burst, so one marker starts them all (:mod:`app.store.markers`)."""
+    seed = f"{_PROCESS} {instance_id} {slot.isoformat()}"
+    return hashlib.blake2b(seed.encode(), digest_size=16).hexdigest()
+
+
 @dataclass(frozen=True)
 class Due:
     """One job's slot to decide in a :func:`claim_many` batch."""
@@ -140,7 +151,7 @@ class Decided:
     ever, until this instance registers them again)."""
     start_keys: dict[str, str] = field(default_factory=dict)
     """Of each job whose run was claimed ahead, the key its start marker is inserted under at
-    the slot (:mod:`app.store.markers`): one key per transaction and slot."""
+    the slot (:mod:`app.store.markers`): one key per slot (:func:`start_key`)."""
 
 
 async def claim_many(
@@ -283,14 +294,14 @@ async def _write(
 ) -> tuple[dict[str, int], dict[str, int], dict[datetime, str]]:
     """Insert the plan's rows and advance its jobs; return each job's new execution id, and
     each run's fencing token (the job's counter, taken). Runs claimed ahead of their slot get
-    their slot's start key (drawn here, returned too): one start marker per chunk and slot."""
+    their slot's start key (returned too): one start marker per slot, whatever the chunks."""
     ids: dict[str, int] = {}
     tokens: dict[str, int] = {}
     start_keys: dict[datetime, str] = {}
     for (slot, trigger, lease_ms), names in plan.runs.items():
         ahead = slot > now
-        if ahead and slot not in start_keys:
-            start_keys[slot] = secrets.token_hex(16)
+        if ahead:
+            start_keys[slot] = start_key(instance_id, slot)
         inserted = await conn.execute(
             sql.insert_runs,
             {

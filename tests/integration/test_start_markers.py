@@ -259,3 +259,23 @@ async def test_a_burst_started_by_its_marker_shows_started_at_in_flight_and_reco
         return {(r.status, r.started_at) for r in rows} == {("COMPLETED", slot)}
 
     await wait_for(completed, what="each run recorded with its marker's start")
+
+
+async def test_the_chunks_of_one_slot_share_one_key_and_one_marker_starts_them_all(
+    db: Database,
+) -> None:
+    await register(db, ["a", "b", "c"])
+    first, (a,) = await claim_chunk(db, ["a"])
+    second, (b, c) = await claim_chunk(db, ["b", "c"])
+    assert first == second, "a burst's chunks of one slot: one key"
+    runs = {**CLAIMED[first][0], **CLAIMED[second][0]}
+
+    marked = await markers.mark(
+        db, first, runs=runs, slot=SLOT, lease_until=CLAIMED[first][1], instance_id="me", now=SLOT
+    )
+
+    assert (marked.started, marked.only) == (True, None)
+    assert await markers_of(db) == [(first, "me", SLOT, False)]
+    assert {r.id: r.started_at for r in await history.list_executions(db)} == dict.fromkeys(
+        (a, b, c), SLOT
+    )
