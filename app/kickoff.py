@@ -67,9 +67,8 @@ class Kickoff:
         async def kick() -> None:
             try:
                 await self.clock.sleep_until(slot)
-                self._done_waiting(
-                    start_key, waiting
-                )  # a chunk claimed late: a kick-off of its own
+                # From now on, a chunk of this key claimed late gets a kick-off of its own.
+                self._done_waiting(start_key, waiting)
                 await self._mark(slot, start_key, waiting.claims, waiting.futures)
             finally:
                 self._done_waiting(start_key, waiting)

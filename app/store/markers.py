@@ -259,8 +259,10 @@ async def _found(
         return out
     if state.holder != params["p_instance"] or state.handed:
         return out  # handed back by the leader first: nothing of the chunk starts here
-    # Ours already: an earlier attempt committed, but its answer was lost (an outage).
-    async with db.read() as conn:
+    # Ours already: an earlier attempt committed but its answer was lost (an outage), or these
+    # runs are a chunk claimed as the slot came, after its burst's marker went in.
+    async with db.transaction() as conn:
+        await _skip_paused(conn, sql, params, out)
         out.only = {int(i) for i in (await conn.execute(sql.ours, params)).scalars()}
     out.started = True
     return out

@@ -279,3 +279,23 @@ async def test_the_chunks_of_one_slot_share_one_key_and_one_marker_starts_them_a
     assert {r.id: r.started_at for r in await history.list_executions(db)} == dict.fromkeys(
         (a, b, c), SLOT
     )
+
+
+async def test_a_chunk_claimed_after_its_slots_marker_starts_under_it_and_honours_a_pause(
+    db: Database,
+) -> None:
+    await register(db, ["a", "late", "late-paused"])
+    key, _ = await claim_chunk(db, ["a"])
+    assert (await mark(db, key)).started
+    again, (late, paused) = await claim_chunk(db, ["late", "late-paused"])
+    await set_paused(db, "late-paused", True)
+
+    marked = await mark(db, again)  # the marker is there, ours: these runs start under it
+
+    assert again == key
+    assert (marked.started, marked.only, marked.skipped) == (
+        True,
+        {late},
+        {paused: "job is paused"},
+    )
+    assert (await row_of(db, paused))["status"] == "SKIPPED"
