@@ -3,7 +3,7 @@
 Jobs due at the same moment are claimed in a few transactions (chunks of :data:`BATCH_SIZE`,
 :data:`CHUNKS_IN_FLIGHT` at once), ahead of their slot by the lead window (:meth:`Burst.lead`:
 what claiming them is measured to take), and each chunk's runs then start at their slot, once
-one statement has stamped their start (:mod:`app.kickoff`): until then, a run claimed ahead
+one marker per chunk has recorded their start (:mod:`app.kickoff`): until then, a run claimed ahead
 has not started, can be handed back to another instance, and honours a pause.
 Only as many slots are claimed as there are capacity permits; the rest wait for permits and
 are claimed together in turn. Whatever a batch could not decide goes on, one by one, through
@@ -121,15 +121,16 @@ class Burst:
         except BaseException:
             self.permits.give_back(len(batch))
             raise
-        ahead: dict[datetime, list[Claim]] = {}
-        for claim in decided.claims.values():
+        ahead: dict[tuple[datetime, str], list[Claim]] = {}
+        for name, claim in decided.claims.items():
             if claim.status == Status.RUNNING and not claim.started:
-                ahead.setdefault(claim.scheduled_at, []).append(claim)
-        # Claimed ahead, they start together at their slot: one statement stamps their start,
-        # or records SKIPPED those whose job was paused meanwhile (app.kickoff).
+                key = decided.start_keys[name]
+                ahead.setdefault((claim.scheduled_at, key), []).append(claim)
+        # Claimed ahead, they start together at their slot: one marker per chunk and slot says
+        # they started, and SKIPPED records those whose job was paused meanwhile (app.kickoff).
         starts: dict[int, asyncio.Future[bool]] = {}
-        for slot, claims in ahead.items():
-            starts |= self.firing.runner.kickoff.at(slot, claims)
+        for (slot, key), claims in ahead.items():
+            starts |= self.firing.runner.kickoff.at(slot, claims, key)
         for name, claim in decided.claims.items():
             if claim.status == Status.RUNNING:
                 job = jobs[name]

@@ -193,6 +193,7 @@ class Claimer:
             result.undecided += decided.undecided
             result.expected.update(decided.expected)
             result.deferred += decided.deferred
+            result.start_keys.update(decided.start_keys)
             pending = decided.held
             if not pending:
                 break

@@ -5,8 +5,9 @@ A run claimed ahead of its slot (a burst), taken from the queue, or delayed by j
 at its time: until then another instance can have it handed back (its instance died, stopped or
 was fenced), and a pause committed before its time is honoured (``SKIPPED``).
 
-A burst's runs are kicked off together: one statement per chunk at the slot, whatever the
-number of runs (:meth:`Kickoff.at`); any other run, on its own (:meth:`Kickoff.one`).
+A burst's runs are kicked off together: one start marker per chunk at the slot, whatever the
+number of runs (:meth:`Kickoff.at`, :mod:`app.store.markers`); any other run, on its own
+(:meth:`Kickoff.one`), by stamping its row.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import datetime
 
 from app import alerts
@@ -21,7 +23,7 @@ from app.logs import run_fields
 from app.outage import DB_ERRORS, Backoff
 from app.roles import Collaborators
 from app.status import Status
-from app.store import starts
+from app.store import markers, starts
 from app.store.claims import Claim
 
 log = logging.getLogger("slotcron.runner")
@@ -40,21 +42,37 @@ class Kickoff:
         self.closing = False
         """Set by shutdown: no body starts any more; unstarted runs are handed back."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._waiting: dict[str, _Waiting] = {}
+        """Runs claimed ahead, by start key, whose kick-off has not come yet."""
 
-    def at(self, slot: datetime, claims: Collection[Claim]) -> dict[int, asyncio.Future[bool]]:
-        """Start ``claims`` (runs claimed ahead of ``slot``) together once ``slot`` comes; each
-        one's future says whether its body may start. A future cancelled (its run was handed
-        back or stopped meanwhile) drops its run from the statement."""
+    def at(
+        self, slot: datetime, claims: Collection[Claim], start_key: str
+    ) -> dict[int, asyncio.Future[bool]]:
+        """Start ``claims`` (runs claimed ahead of ``slot``, under ``start_key``) together once
+        ``slot`` comes: one marker for them and every other chunk of the same key still
+        waiting for it (a burst's chunks share their slot's key); each one's future says
+        whether its body may start. A run whose future was cancelled meanwhile (handed back or
+        stopped) is handed back by its runner, marker or not: its body never started."""
         loop = asyncio.get_running_loop()
         futures = {claim.execution_id: loop.create_future() for claim in claims}
-        by_id = {claim.execution_id: claim for claim in claims}
+        waiting = self._waiting.get(start_key)
+        if waiting is not None:  # another chunk of the burst: one marker for both
+            waiting.claims.update({claim.execution_id: claim for claim in claims})
+            waiting.futures.update(futures)
+            return futures
+        waiting = self._waiting[start_key] = _Waiting(
+            {claim.execution_id: claim for claim in claims}, dict(futures)
+        )
 
         async def kick() -> None:
             try:
                 await self.clock.sleep_until(slot)
-                await self._start(by_id, futures)
+                # From now on, a chunk of this key claimed late gets a kick-off of its own.
+                self._done_waiting(start_key, waiting)
+                await self._mark(slot, start_key, waiting.claims, waiting.futures)
             finally:
-                for future in futures.values():
+                self._done_waiting(start_key, waiting)
+                for future in waiting.futures.values():
                     if not future.done():
                         future.set_result(False)
 
@@ -62,6 +80,10 @@ class Kickoff:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return futures
+
+    def _done_waiting(self, start_key: str, waiting: _Waiting) -> None:
+        if self._waiting.get(start_key) is waiting:
+            del self._waiting[start_key]
 
     async def one(self, claim: Claim) -> bool:
         """Start one run, at its slot at the earliest (a slot handed back before its time is
@@ -71,6 +93,45 @@ class Kickoff:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         await self._start({claim.execution_id: claim}, {claim.execution_id: future})
         return future.done() and future.result()
+
+    async def _mark(
+        self,
+        slot: datetime,
+        start_key: str,
+        claims: dict[int, Claim],
+        futures: dict[int, asyncio.Future[bool]],
+    ) -> None:
+        runs = {execution_id: claim.job_name for execution_id, claim in claims.items()}
+        lease_until = min(claim.lease_until or slot for claim in claims.values())
+        backoff = Backoff(jitter=0.5)
+        while not self.closing and not all(future.done() for future in futures.values()):
+            try:
+                marked = await markers.mark(
+                    self.db,
+                    start_key,
+                    runs=runs,
+                    slot=slot,
+                    lease_until=lease_until,
+                    instance_id=self.instance_id,
+                    now=self.clock.now(),
+                )
+            except DB_ERRORS as exc:
+                # Not started, still ours while the lease holds: try again (see _start).
+                self.outage.failed(exc, f"starting {len(futures)} runs")
+                await backoff.wait()
+                continue
+            self.outage.recovered()
+            if marked.early:
+                await asyncio.sleep(EARLY_RETRY)
+                continue
+            for execution_id, reason in marked.skipped.items():
+                if execution_id in claims:
+                    self._skipped(claims[execution_id], reason)
+                    _settle(futures[execution_id], False)
+            for execution_id, future in futures.items():
+                ours = marked.only is None or execution_id in marked.only
+                _settle(future, marked.started and ours and not self.closing)
+            return
 
     async def _start(
         self, claims: dict[int, Claim], futures: dict[int, asyncio.Future[bool]]
@@ -128,6 +189,12 @@ class Kickoff:
                 Status.SKIPPED,
             ),
         )
+
+
+@dataclass
+class _Waiting:
+    claims: dict[int, Claim]
+    futures: dict[int, asyncio.Future[bool]]
 
 
 def _settle(future: asyncio.Future[bool], value: bool) -> None:

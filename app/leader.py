@@ -28,6 +28,8 @@ log = logging.getLogger("slotcron.leader")
 LAPSE_MARGIN = 0.02
 """Seconds after a lease's end that the leader looks: it is judged lapsed by then."""
 PRUNE_EVERY_SECONDS = 3600.0
+MARKERS_KEPT = timedelta(minutes=10)
+"""A chunk's start marker outlives its last run in flight by at least this long."""
 """History is pruned by the hour (and at once by a new leader), not at every tick."""
 
 
@@ -131,6 +133,7 @@ class Leader(Role):
         if self._pruned_at is None or time.monotonic() - self._pruned_at > PRUNE_EVERY_SECONDS:
             self._pruned_at = time.monotonic()
             pruned = await retention.prune(self.db, before=now - self.retention)
+            await retention.prune_markers(self.db, before=now - MARKERS_KEPT)
             if pruned:
                 log.info("pruned %d executions older than %s", pruned, self.retention)
                 self._pruned_at = None  # more may be left: go on at the next tick

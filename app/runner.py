@@ -136,8 +136,10 @@ class Runner:
         )
         timeout: asyncio.Timeout | None = None
         try:
-            if start is not None and not await start:
-                return None, None  # handed back, SKIPPED (paused) or no longer ours
+            if start is not None and (not await start or self.kickoff.closing):
+                # Handed back, SKIPPED (paused) or no longer ours; or started as part of its
+                # chunk just as shutdown began: handed back, its body never started.
+                return None, None
             if job.jitter:
                 await self.clock.sleep(random.uniform(0, job.jitter))
             # Its start is written before its body starts: a run not yet stamped can be handed
@@ -189,7 +191,11 @@ class Runner:
         try:
             async with asyncio.timeout(HAND_BACK_TIMEOUT):
                 back = await lifeline.hand_back_mine(
-                    self.db, [handle.id], instance_id=self.instance_id, now=self.clock.now()
+                    self.db,
+                    [handle.id],
+                    instance_id=self.instance_id,
+                    now=self.clock.now(),
+                    marked_too=True,  # its chunk's marker may say started: this body did not
                 )
         except TimeoutError:
             return

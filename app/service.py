@@ -40,7 +40,7 @@ from app.shutdown import Signals, shut_down
 from app.status import InstanceState
 from app.store import batch as batch_store
 from app.store import claims as claim_store
-from app.store import lifeline, migrate, registrations
+from app.store import lifeline, markers, migrate, registrations
 from app.store import runs as run_store
 from app.store import schedules as schedule_store
 from app.store import starts as start_store
@@ -355,6 +355,7 @@ class Service:
         await claim_store.rehearse(self.db, conn)
         await batch_store.rehearse(self.db, conn)
         await start_store.rehearse(self.db, conn)
+        await markers.rehearse(self.db, conn)
         await run_store.rehearse(conn, self.db.dialect)
 
     async def start(self, stop: asyncio.Event | None = None) -> None:

@@ -8,6 +8,8 @@ round trips do not grow with the batch. Rows another claimer holds are skipped
 from __future__ import annotations
 
 import functools
+import hashlib
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -59,11 +61,12 @@ def _batch(dialect: Dialect, server_clock: bool = False) -> _Batch:
         bindparam("p_params", type_=JSON()),
         bindparam("p_state", type_=JSON()),
         jobs.c.fencing_token + 1,  # taken by the job's counter below, in the same transaction
+        bindparam("p_start_key", type_=String()),
     ).where(names)
     columns = [
         "job_name", "scheduled_at", "trigger", "status", "attempt", "instance_id", "created_at",
         "started_at", "heartbeat_at", "lease_until", "lease_ms", "params", "state",
-        "fencing_token",
+        "fencing_token", "start_key",
     ]  # fmt: skip
     return _Batch(
         lock=select(
@@ -101,6 +104,16 @@ def _batch(dialect: Dialect, server_clock: bool = False) -> _Batch:
     )
 
 
+_PROCESS = secrets.token_hex(8)
+
+
+def start_key(instance_id: str, slot: datetime) -> str:
+    """The start marker's key of this process's runs claimed ahead of ``slot``: the same for
+    every chunk of a burst, so one marker starts them all (:mod:`app.store.markers`)."""
+    seed = f"{_PROCESS} {instance_id} {slot.isoformat()}"
+    return hashlib.blake2b(seed.encode(), digest_size=16).hexdigest()
+
+
 @dataclass(frozen=True)
 class Due:
     """One job's slot to decide in a :func:`claim_many` batch."""
@@ -136,6 +149,9 @@ class Decided:
     superseded: set[str] = field(default_factory=set)
     """Jobs whose schedule in force is not the claimer's (also in ``taken``: not decided here,
     ever, until this instance registers them again)."""
+    start_keys: dict[str, str] = field(default_factory=dict)
+    """Of each job whose run was claimed ahead, the key its start marker is inserted under at
+    the slot (:mod:`app.store.markers`): one key per slot (:func:`start_key`)."""
 
 
 async def claim_many(
@@ -154,9 +170,10 @@ async def claim_many(
     is one lock (SQLite).
 
     A slot may be claimed ahead of its time (``now`` before it): its run is recorded with no
-    ``started_at`` (its body has not started: :mod:`app.store.starts` stamps it at the slot,
-    and honours a pause committed meanwhile), and a ``forbid`` job whose lease is still held is
-    deferred rather than ``SKIPPED``, since overlap is judged when the slot comes."""
+    ``started_at`` (its body has not started: its chunk's start marker goes in at the slot,
+    :mod:`app.store.markers`, which honours a pause committed meanwhile), and a ``forbid`` job
+    whose lease is still held is deferred rather than ``SKIPPED``, since overlap is judged when
+    the slot comes."""
     decided = Decided()
     by_name = {item.job_name: item for item in items}
     sql = _batch(db.dialect, db.server_clock)
@@ -165,7 +182,7 @@ async def claim_many(
             locked = await _lock(conn, sql, by_name, decided)
             holders = await _holders(conn, sql, locked, by_name, now)
             plan = _judge_all(locked, by_name, holders, now, decided, fingerprints or {})
-            ids, tokens = await _write(conn, sql, plan, instance_id, now)
+            ids, tokens, keys = await _write(conn, sql, plan, instance_id, now)
     except IntegrityError:
         # Only a claimer that skipped our locks could collide: let each job retry on its own.
         return Decided(held=list(items))
@@ -174,6 +191,11 @@ async def claim_many(
             raise RowBusy(f"{len(items)} jobs") from None
         raise
     decided.claims = _claims(plan, by_name, ids, tokens, now)
+    decided.start_keys = {
+        name: keys[c.scheduled_at]
+        for name, c in decided.claims.items()
+        if c.scheduled_at in keys and c.status == Status.RUNNING
+    }
     return decided
 
 
@@ -263,13 +285,22 @@ def _judge_all(
 
 
 async def _write(
-    conn: AsyncConnection, sql: _Batch, plan: _Plan, instance_id: str, now: datetime
-) -> tuple[dict[str, int], dict[str, int]]:
+    conn: AsyncConnection,
+    sql: _Batch,
+    plan: _Plan,
+    instance_id: str,
+    now: datetime,
+) -> tuple[dict[str, int], dict[str, int], dict[datetime, str]]:
     """Insert the plan's rows and advance its jobs; return each job's new execution id, and
-    each run's fencing token (the job's counter, taken)."""
+    each run's fencing token (the job's counter, taken). Runs claimed ahead of their slot get
+    their slot's start key (returned too): one start marker per slot, whatever the chunks."""
     ids: dict[str, int] = {}
     tokens: dict[str, int] = {}
+    start_keys: dict[datetime, str] = {}
     for (slot, trigger, lease_ms), names in plan.runs.items():
+        ahead = slot > now
+        if ahead:
+            start_keys[slot] = start_key(instance_id, slot)
         inserted = await conn.execute(
             sql.insert_runs,
             {
@@ -279,7 +310,8 @@ async def _write(
                 "p_instance": instance_id,
                 "p_now": now,
                 # Claimed ahead: not started until its slot (app.store.starts).
-                "p_started": None if slot > now else now,
+                "p_started": None if ahead else now,
+                "p_start_key": start_keys[slot] if ahead else None,
                 "p_lease_until": now + timedelta(milliseconds=lease_ms),
                 "p_lease_ms": lease_ms,
                 "p_params": {},
@@ -310,7 +342,7 @@ async def _write(
         await conn.execute(
             sql.advance, {"p_names": names, "p_runs": runs, "p_slot": slot, "p_next": following}
         )
-    return ids, tokens
+    return ids, tokens, start_keys
 
 
 def _claims(
@@ -380,6 +412,7 @@ async def rehearse(db: Database, conn: AsyncConnection) -> None:
             "p_instance": "",
             "p_now": epoch,
             "p_started": epoch,
+            "p_start_key": None,
             "p_lease_until": epoch,
             "p_lease_ms": 0,
             "p_params": {},

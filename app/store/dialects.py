@@ -116,6 +116,8 @@ class Dialect:
     free_autocommit = False
     # True where UPDATE ... RETURNING exists (not MySQL/MariaDB).
     update_returning = True
+    # True where INSERT and UPDATE can be common table expressions of one statement.
+    modifying_cte = False
 
     def __init__(self, limits: SessionLimits | None = None) -> None:
         self.limits = limits or SessionLimits.for_lease(None)
@@ -179,6 +181,13 @@ class Dialect:
         )
         return result
 
+    def insert_new(self, table: Table) -> Insert:
+        """An INSERT that leaves a row whose key exists alone (and inserts nothing for it)."""
+        if self.conflict_insert is None:
+            raise NotImplementedError
+        result: Insert = self.conflict_insert(table).on_conflict_do_nothing()
+        return result
+
     @asynccontextmanager
     async def migration_lock(self, conn: AsyncConnection) -> AsyncIterator[None]:
         """Serialise concurrent ``migrate`` runs from several instances starting at once."""
@@ -234,6 +243,7 @@ class Listening:
 class PostgreSQL(Dialect):
     name = "postgresql"
     conflict_insert = staticmethod(postgresql.insert)
+    modifying_cte = True
     free_autocommit = True  # asyncpg: autocommit is simply not sending BEGIN
     now_sql = "SELECT clock_timestamp()"
     # 55P03 is also lock_timeout's: a lock waited for too long is a busy row, tried again.
@@ -362,6 +372,9 @@ class MySQL(Dialect):
     ) -> Insert:
         stmt = mysql.insert(table).values(list(rows))
         return stmt.on_duplicate_key_update({c: stmt.inserted[c] for c in update})
+
+    def insert_new(self, table: Table) -> Insert:
+        return mysql.insert(table).prefix_with("IGNORE")
 
     @asynccontextmanager
     async def migration_lock(self, conn: AsyncConnection) -> AsyncIterator[None]:

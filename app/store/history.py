@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import RowMapping, or_, select
 
+from app.store import markers
 from app.store.database import Database
 from app.store.tables import executions
 
@@ -39,6 +40,14 @@ class ExecutionRecord:
         return round((self.finished_at - self.started_at).total_seconds() * 1000)
 
 
+RECORD_COLUMNS = tuple(
+    markers.started_at().label("started_at") if column.name == "started_at" else column
+    for column in executions.c
+)
+"""An execution row as read for a record: a run in flight, claimed ahead in a chunk, shows
+its chunk's start (its own ``started_at`` is written when it finishes)."""
+
+
 async def list_executions(
     db: Database,
     *,
@@ -52,7 +61,7 @@ async def list_executions(
     """Executions, newest slot first (read off the ``(scheduled_at, id)`` index); ``offset``
     skips that many, ``before`` (the slot and id of the last row of the previous page) starts
     right after it, at the cost of one index seek however deep the page."""
-    query = select(executions)
+    query = select(*RECORD_COLUMNS)
     if before is not None:
         slot, row_id = before
         # The bound on scheduled_at alone is what the index range starts from (an OR of the

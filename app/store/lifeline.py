@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 
 from app.clock import Clock
 from app.errors import ConfigError
+from app.store import markers
 from app.store.database import Database
 from app.store.dialects import Dialect
 from app.store.tables import executions, instances, jobs
@@ -118,6 +119,7 @@ async def _abandon(
                     executions.c.instance_id,
                     executions.c.lease_until,
                     executions.c.started_at,
+                    executions.c.start_key,
                     executions.c.params,
                     executions.c.state,
                 )
@@ -128,7 +130,16 @@ async def _abandon(
             )
         ).all()
     found: list[Abandoned] = []
-    unstarted = [row for row in lapsed if row.started_at is None]
+    # A run claimed ahead in a chunk started when its chunk's marker did: settle each chunk
+    # first (a tombstone where none started: its instance then starts none of it).
+    chunks = await markers.settle(
+        db, {row.start_key for row in lapsed if row.started_at is None and row.start_key}, now=now
+    )
+    started = {
+        row.id: row.started_at or (chunks.get(row.start_key) if row.start_key else None)
+        for row in lapsed
+    }
+    unstarted = [row for row in lapsed if started[row.id] is None]
     if unstarted:
         back = await hand_back(db, [row.id for row in unstarted], which=which, now=now)
         found += [
@@ -140,7 +151,7 @@ async def _abandon(
             if row.id in back
         ]  # fmt: skip
     for row in lapsed:
-        if row.started_at is None:
+        if started[row.id] is None:
             continue
         async with db.transaction() as conn:
             result = await conn.execute(
@@ -149,9 +160,13 @@ async def _abandon(
                     executions.c.id == row.id,
                     executions.c.status == "RUNNING",
                     executions.c.lease_until == row.lease_until,  # renewed meanwhile: alive
-                    executions.c.started_at.is_not(None),
+                    executions.c.started_at.is_not(None)
+                    if row.started_at is not None
+                    else executions.c.start_key == row.start_key,
                 )
-                .values(status="ABANDONED", finished_at=now, error=why(row))
+                .values(
+                    status="ABANDONED", finished_at=now, error=why(row), started_at=started[row.id]
+                )
             )
             if result.rowcount != 1:
                 continue
@@ -183,14 +198,17 @@ async def _abandon(
 
 
 async def hand_back(
-    db: Database, execution_ids: list[int], *, which: Any, now: datetime
+    db: Database, execution_ids: list[int], *, which: Any, now: datetime, marked_too: bool = False
 ) -> set[int]:
     """Hand runs whose body never started back to the queue, at once: each becomes QUEUED
     again (same slot, trigger and attempt: nothing ran), available now to any live instance,
     which takes it like any queued run (:mod:`app.store.queue`) and stamps its start
     (:mod:`app.store.starts`). Only rows still RUNNING with no ``started_at`` that match
     ``which`` are handed back; return their ids. A start and a hand-back of one row exclude
-    each other: each is conditional on what the other writes."""
+    each other: each is conditional on what the other writes.
+
+    A run of a chunk whose start marker says it started is not handed back, unless
+    ``marked_too``: its own instance knows its body did not start (cancelled in between)."""
     if not execution_ids:
         return set()
     unstarted = (
@@ -198,7 +216,7 @@ async def hand_back(
         executions.c.status == "RUNNING",
         executions.c.started_at.is_(None),
         which,
-    )
+    ) + (() if marked_too else (markers.started_at().is_(None),))
     async with db.transaction() as conn:
         ids = list(
             (
@@ -221,6 +239,7 @@ async def hand_back(
                 lease_until=None,
                 lease_ms=None,
                 fencing_token=None,
+                start_key=None,  # no marker speaks for it any more
             )
         )
         await announce_queued(conn, db.dialect, now)
@@ -228,12 +247,21 @@ async def hand_back(
 
 
 async def hand_back_mine(
-    db: Database, execution_ids: list[int], *, instance_id: str, now: datetime
+    db: Database,
+    execution_ids: list[int],
+    *,
+    instance_id: str,
+    now: datetime,
+    marked_too: bool = False,
 ) -> set[int]:
     """Hand back this instance's runs that have not started their body (shutdown, or a run
     fenced before its start): see :func:`hand_back`."""
     return await hand_back(
-        db, execution_ids, which=executions.c.instance_id == instance_id, now=now
+        db,
+        execution_ids,
+        which=executions.c.instance_id == instance_id,
+        now=now,
+        marked_too=marked_too,
     )
 
 
@@ -244,7 +272,7 @@ async def next_unstarted_lapse(db: Database) -> datetime | None:
         lapse: datetime | None = (
             await conn.execute(
                 select(func.min(executions.c.lease_until)).where(
-                    executions.c.status == "RUNNING", executions.c.started_at.is_(None)
+                    executions.c.status == "RUNNING", markers.started_at().is_(None)
                 )
             )
         ).scalar_one_or_none()

@@ -10,10 +10,17 @@ from datetime import datetime
 
 from sqlalchemy import delete, select
 
+from app.store import markers
 from app.store.database import Database
 from app.store.tables import executions, instances
 
 FINISHED = ("COMPLETED", "FAILED", "SKIPPED", "MISSED", "STOPPED", "ABANDONED")
+
+
+async def prune_markers(db: Database, *, before: datetime) -> int:
+    """Delete start markers created before ``before`` whose chunk has no run in flight: each
+    finished run holds its own ``started_at`` by then (:mod:`app.store.markers`)."""
+    return await markers.prune(db, before=before)
 
 
 async def prune(db: Database, *, before: datetime, batch: int = 500) -> int:

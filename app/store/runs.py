@@ -16,6 +16,7 @@ from sqlalchemy import Text, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.status import Status, Trigger
+from app.store import markers
 from app.store.database import Database
 from app.store.dialects import Dialect
 from app.store.lifeline import queue_retry
@@ -54,7 +55,13 @@ async def finish(
         result = await conn.execute(
             update(executions)
             .where(_mine(execution_id, instance_id))
-            .values(status=status, finished_at=now, error=error, lease_until=now)
+            .values(
+                status=status,
+                finished_at=now,
+                error=error,
+                lease_until=now,
+                started_at=markers.started_at(),
+            )
         )
         if result.rowcount != 1:
             return False
@@ -89,6 +96,8 @@ def _finish(dialect: Dialect) -> _Finish:
         "error": bindparam("p_error", type_=Text()),
         "finished_at": now,
         "lease_until": now,
+        # A run claimed ahead in a chunk: its start, held by the chunk's marker until now.
+        "started_at": markers.started_at(),
     }
     return _Finish(
         lock_mine=select(executions.c.id).where(*mine).with_for_update(),
@@ -164,7 +173,13 @@ async def stop_all(
                 executions.c.status == "RUNNING",
                 executions.c.instance_id == instance_id,
             )
-            .values(status="STOPPED", finished_at=now, error=reason, lease_until=now)
+            .values(
+                status="STOPPED",
+                finished_at=now,
+                error=reason,
+                lease_until=now,
+                started_at=markers.started_at(),
+            )
         )
     return int(result.rowcount)
 
@@ -180,6 +195,7 @@ async def claimed_late(
         values = {
             "status": Status.MISSED,
             "started_at": None,
+            "start_key": None,  # never started: no chunk's marker is its start
             "finished_at": now,
             "error": missed_reason,
             "lease_until": now,

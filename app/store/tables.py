@@ -1,4 +1,4 @@
-"""The three tables, defined once. The Alembic migrations create them; this is what queries use."""
+"""The tables, defined once. The Alembic migrations create them; this is what queries use."""
 
 from __future__ import annotations
 
@@ -96,6 +96,8 @@ jobs = Table(
     Column("jitter", Float, nullable=True),
     Index("ix_scheduler_jobs_next_slot", "next_slot_at"),
     Index("ix_scheduler_jobs_task", "task", "name"),
+    # A burst's chunk, at its slot, reads which of its jobs are paused off this (migration 0007).
+    Index("ix_scheduler_jobs_paused", "paused"),
 )
 
 # One row per ``@task`` name, as its instances registered it (migration 0006): what a client
@@ -147,6 +149,9 @@ executions = Table(
     Column("fencing_token", BigInteger, nullable=True),
     # The last slot of a MISSED record standing for a range of slots (migration 0004).
     Column("until", UTCDateTime(), nullable=True),
+    # The start marker of the chunk this run was claimed ahead in (migration 0007): its body
+    # started when the marker (scheduler_starts) says so. NULL on every other run.
+    Column("start_key", String(32), nullable=True),
     UniqueConstraint("job_name", "scheduled_at", "attempt", name="uq_scheduler_executions_slot"),
     Index("ix_scheduler_executions_instance_status", "instance_id", "status"),
     Index("ix_scheduler_executions_status_lease", "status", "lease_until"),
@@ -154,6 +159,21 @@ executions = Table(
     Index("ix_scheduler_executions_created", "created_at"),
     # The order of every listing (newest slot first): pages read off it, never sort the table.
     Index("ix_scheduler_executions_slot_id", "scheduled_at", "id"),
+    Index("ix_scheduler_executions_start_key", "start_key"),
+)
+
+# The start of a chunk of runs claimed ahead of their slot (app.store.starts): one row written
+# at the slot stands for every run of the chunk, instead of one write per run. Its key is
+# inserted once: by the instance starting the chunk, or by the leader handing it back
+# (``handed_back``, no ``started_at``): whoever inserts first decides the whole chunk.
+start_markers = Table(
+    "scheduler_starts",
+    metadata,
+    Column("start_key", String(32), primary_key=True),
+    Column("instance_id", String(200), nullable=True),
+    Column("started_at", UTCDateTime(), nullable=True),
+    Column("handed_back", Boolean, nullable=False, default=False),
+    Column("created_at", UTCDateTime(), nullable=False),
 )
 
 instances = Table(

@@ -19,8 +19,9 @@ from typing import Any
 from sqlalchemy import Integer, Select, and_, bindparam, exists, func, select
 from sqlalchemy.orm import aliased
 
+from app.store import markers
 from app.store.database import Database
-from app.store.history import ExecutionRecord, execution_record
+from app.store.history import RECORD_COLUMNS, ExecutionRecord, execution_record
 from app.store.tables import executions, jobs
 
 IN_FLIGHT = ("QUEUED", "RUNNING")
@@ -76,7 +77,7 @@ _COLUMNS = (
     executions.c.attempt,
     executions.c.trigger,
     executions.c.instance_id,
-    executions.c.started_at,
+    markers.started_at().label("started_at"),
     executions.c.finished_at,
 )
 
@@ -150,7 +151,7 @@ async def execution(db: Database, execution_id: int) -> ExecutionRecord | None:
     """One execution by id, or None."""
     async with db.read() as conn:
         row = (
-            (await conn.execute(select(executions).where(executions.c.id == execution_id)))
+            (await conn.execute(select(*RECORD_COLUMNS).where(executions.c.id == execution_id)))
             .mappings()
             .one_or_none()
         )
