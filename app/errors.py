@@ -52,16 +52,6 @@ class RowBusy(SlotcronError):
     """The job's row is locked by another claimer right now (the NOWAIT lock was not granted)."""
 
 
-class LeaseHeld(SlotcronError):
-    """A queued run of a ``forbid`` job waits: a run of the job holds its lease until ``until``
-    (or less, if it ends first)."""
-
-    def __init__(self, job: str, until: object) -> None:
-        self.job = job
-        self.until = until
-        super().__init__(f"{job}: a run holds the lease until {until}")
-
-
 class SlotsUndecided(SlotcronError):
     """Slots of a job before the one being claimed were never decided (no instance alive, or the
     database down, when they were due); ``expected`` is the first of them."""
