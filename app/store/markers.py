@@ -41,7 +41,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.status import Status
 from app.store.database import Database, now_in_sql
 from app.store.dialects import Dialect
-from app.store.starts import SCHEDULED
+from app.store.starts import SCHEDULED, paused_reason
 from app.store.tables import UTCDateTime, executions, jobs, start_markers
 
 
@@ -66,12 +66,6 @@ class _Mark:
     state: Any
     ours: Any
     one_trip: Any
-
-
-def _reason(paused_reason: ColumnElement[Any]) -> ColumnElement[Any]:
-    return literal("job is paused", String()) + func.coalesce(
-        literal(": ", String()) + paused_reason, literal("", String())
-    )
 
 
 @functools.cache
@@ -103,7 +97,7 @@ def _mark(dialect: Dialect, server_clock: bool) -> _Mark:
     )
     # The chunk's paused jobs, read first (off the index on `paused`): almost always none,
     # and then no run of the chunk is read at all.
-    paused_jobs = select(jobs.c.name, _reason(jobs.c.paused_reason).label("error")).where(
+    paused_jobs = select(jobs.c.name, paused_reason(jobs.c.paused_reason).label("error")).where(
         jobs.c.paused == true(), dialect.among(jobs.c.name, "p_names", String())
     )
     scheduled = executions.c.trigger.in_(SCHEDULED)

@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import String, and_, bindparam, case, func, literal, select, true, update
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.elements import ColumnElement
 
 from app.status import Status, Trigger
 from app.store.database import Database, now_in_sql
@@ -38,6 +39,13 @@ class _Start:
     read: Any
 
 
+def paused_reason(reason: ColumnElement[Any]) -> ColumnElement[Any]:
+    """Why a paused job's slot is ``SKIPPED``, in SQL: "job is paused", and the pause's reason."""
+    return literal("job is paused", String()) + func.coalesce(
+        literal(": ", String()) + reason, literal("", String())
+    )
+
+
 @functools.cache
 def _start(dialect: Dialect, server_clock: bool) -> _Start:
     ids = dialect.among(executions.c.id, "p_ids", executions.c.id.type)
@@ -47,9 +55,7 @@ def _start(dialect: Dialect, server_clock: bool) -> _Start:
     # is read once per run. MySQL does not promise the order of a joined UPDATE's assignments,
     # so `skip` reads no column the statement sets.
     skip = and_(executions.c.trigger.in_(SCHEDULED), jobs.c.paused == true())
-    reason = literal("job is paused", String()) + func.coalesce(
-        literal(": ", String()) + jobs.c.paused_reason, literal("", String())
-    )
+    reason = paused_reason(jobs.c.paused_reason)
     # Never before the slot: the scheduler's clock may be a hair behind the database's.
     started = case((executions.c.scheduled_at > now, executions.c.scheduled_at), else_=now)
     write = (
