@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from app import alerts
 from app.logs import run_fields
@@ -56,20 +56,24 @@ class Kickoff:
         loop = asyncio.get_running_loop()
         futures = {claim.execution_id: loop.create_future() for claim in claims}
         waiting = self._waiting.get(start_key)
-        if waiting is not None:  # another chunk of the burst: one marker for both
-            waiting.claims.update({claim.execution_id: claim for claim in claims})
-            waiting.futures.update(futures)
+        joined = waiting is not None  # another chunk of the burst: one marker for both
+        if waiting is None:
+            waiting = self._waiting[start_key] = _Waiting(slot)
+        # All the marker needs is made now, ahead of the slot: at the slot every microsecond
+        # is every body's start lag.
+        for claim in claims:
+            waiting.claims[claim.execution_id] = claim
+            waiting.lease_until = min(waiting.lease_until, claim.lease_until or slot)
+        waiting.futures.update(futures)
+        if joined:
             return futures
-        waiting = self._waiting[start_key] = _Waiting(
-            {claim.execution_id: claim for claim in claims}, dict(futures)
-        )
 
         async def kick() -> None:
             try:
-                await self.clock.sleep_until(slot)
+                await self.clock.sleep_until(slot, precise=True)
                 # From now on, a chunk of this key claimed late gets a kick-off of its own.
                 self._done_waiting(start_key, waiting)
-                await self._mark(slot, start_key, waiting.claims, waiting.futures)
+                await self._mark(slot, start_key, waiting)
             finally:
                 self._done_waiting(start_key, waiting)
                 for future in waiting.futures.values():
@@ -94,24 +98,18 @@ class Kickoff:
         await self._start({claim.execution_id: claim}, {claim.execution_id: future})
         return future.done() and future.result()
 
-    async def _mark(
-        self,
-        slot: datetime,
-        start_key: str,
-        claims: dict[int, Claim],
-        futures: dict[int, asyncio.Future[bool]],
-    ) -> None:
-        runs = {execution_id: claim.job_name for execution_id, claim in claims.items()}
-        lease_until = min(claim.lease_until or slot for claim in claims.values())
+    async def _mark(self, slot: datetime, start_key: str, waiting: _Waiting) -> None:
+        claims, futures = waiting.claims, waiting.futures
+        ids = list(claims)
         backoff = Backoff(jitter=0.5)
         while not self.closing and not all(future.done() for future in futures.values()):
             try:
                 marked = await markers.mark(
                     self.db,
                     start_key,
-                    runs=runs,
+                    ids=ids,
                     slot=slot,
-                    lease_until=lease_until,
+                    lease_until=waiting.lease_until,
                     instance_id=self.instance_id,
                     now=self.clock.now(),
                 )
@@ -128,9 +126,11 @@ class Kickoff:
                 if execution_id in claims:
                     self._skipped(claims[execution_id], reason)
                     _settle(futures[execution_id], False)
+            started = marked.started and not self.closing
+            only = marked.only
             for execution_id, future in futures.items():
-                ours = marked.only is None or execution_id in marked.only
-                _settle(future, marked.started and ours and not self.closing)
+                if not future.done():
+                    future.set_result(started and (only is None or execution_id in only))
             return
 
     async def _start(
@@ -193,8 +193,13 @@ class Kickoff:
 
 @dataclass
 class _Waiting:
-    claims: dict[int, Claim]
-    futures: dict[int, asyncio.Future[bool]]
+    """The runs of one start key waiting for their slot's kick-off."""
+
+    slot: datetime
+    claims: dict[int, Claim] = field(default_factory=dict)
+    futures: dict[int, asyncio.Future[bool]] = field(default_factory=dict)
+    lease_until: datetime = field(default_factory=lambda: datetime.max.replace(tzinfo=UTC))
+    """The earliest lease of its runs as claimed (renewals only push them later)."""
 
 
 def _settle(future: asyncio.Future[bool], value: bool) -> None:

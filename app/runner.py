@@ -77,6 +77,8 @@ class Runner:
         # for the write before it closes the database.
         try:
             status, error = await self._execute(job, claim, handle, start)
+            if handle.started:
+                await self._after_ready_starts(handle)
             task = asyncio.current_task()
             if handle.cancel_reason is not None and task is not None and task.cancelling():
                 task.uncancel()  # the job returned although cancelled: the request is spent
@@ -114,6 +116,19 @@ class Runner:
         if recorded and retry:
             self.on_retry_queued(self.clock.now() + timedelta(seconds=job.retry_backoff))
         return status if recorded else None
+
+    @staticmethod
+    async def _after_ready_starts(handle: RunHandle) -> None:
+        """One turn of the loop before a run's bookkeeping (its outcome's write, log, metrics,
+        alert): the bodies ready to start meanwhile, a burst's kicked off together, start
+        first. A body that returns at once must not delay the next one's start by its own
+        record. Cancelled meanwhile for a reason (fenced, stopped): judged below like a
+        cancellation the job returned through."""
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            if handle.cancel_reason is None:
+                raise
 
     async def _execute(
         self, job: Job, claim: Claim, handle: RunHandle, start: asyncio.Future[bool] | None

@@ -17,7 +17,7 @@ those rows are written). Lone claims and queue takes still stamp ``started_at`` 
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -75,7 +75,7 @@ def _mark(dialect: Dialect, server_clock: bool) -> _Mark:
     me = bindparam("p_instance", type_=String())
     now = bindparam("p_now", type_=UTCDateTime())
     slot = bindparam("p_slot", type_=UTCDateTime())
-    # Each part reads the chunk's rows by id (``p_ids``) and its jobs by name (``p_names``):
+    # Each part reads the chunk's rows by id (``p_ids``):
     # a key or an instance's RUNNING rows can be thousands, never to be scanned at the slot.
     mine = and_(
         dialect.among(executions.c.id, "p_ids", executions.c.id.type),
@@ -95,10 +95,14 @@ def _mark(dialect: Dialect, server_clock: bool) -> _Mark:
     insert = dialect.insert_new(start_markers).from_select(
         ["start_key", "instance_id", "started_at", "handed_back", "created_at"], marker
     )
-    # The chunk's paused jobs, read first (off the index on `paused`): almost always none,
-    # and then no run of the chunk is read at all.
+    # The chunk's paused jobs, found from the paused ones (off the index on `paused`): almost
+    # always none, and then no run of the chunk is read at all. (Not by the chunk's job names:
+    # binding a thousand names cost more at the slot than this whole statement.)
+    chunk_jobs = select(executions.c.job_name).where(
+        dialect.among(executions.c.id, "p_ids", executions.c.id.type)
+    )
     paused_jobs = select(jobs.c.name, paused_reason(jobs.c.paused_reason).label("error")).where(
-        jobs.c.paused == true(), dialect.among(jobs.c.name, "p_names", String())
+        jobs.c.paused == true(), jobs.c.name.in_(chunk_jobs)
     )
     scheduled = executions.c.trigger.in_(SCHEDULED)
     skipped = {
@@ -183,22 +187,20 @@ async def mark(
     db: Database,
     start_key: str,
     *,
-    runs: Mapping[int, str],
+    ids: list[int],
     slot: datetime,
     lease_until: datetime,
     instance_id: str,
     now: datetime,
 ) -> Marked:
-    """Start the chunk ``start_key`` of this instance's ``runs`` (execution id: job name)
-    claimed ahead of ``slot``, whose leases were claimed until ``lease_until`` (the earliest):
-    one round trip on PostgreSQL (a short transaction elsewhere), writing one row whatever the
-    number of runs. Not started when the leader handed the chunk back first, or its leases
-    lapsed."""
+    """Start the runs ``ids`` of this instance's chunk ``start_key``, claimed ahead of
+    ``slot``, whose leases were claimed until ``lease_until`` (the earliest): one round trip on
+    PostgreSQL (a short transaction elsewhere), writing one row whatever the number of runs.
+    Not started when the leader handed the chunk back first, or its leases lapsed."""
     sql = _mark(db.dialect, db.server_clock)
     params = {
         "p_key": start_key,
-        "p_ids": list(runs),
-        "p_names": list(set(runs.values())),
+        "p_ids": ids,
         "p_instance": instance_id,
         "p_now": now,
         "p_slot": slot,
@@ -318,9 +320,7 @@ async def rehearse(db: Database, conn: AsyncConnection) -> None:
         "p_started": epoch,
         "p_lease_until": epoch,
         "p_ids": [],
-        "p_names": [],
-        "p_skip": [],
-    }
+    }  # the very keys mark() binds: they are part of the compiled statement's cache key
     if sql.one_trip is not None:
         await conn.execute(sql.one_trip, params)
         return

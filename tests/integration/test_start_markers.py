@@ -50,7 +50,7 @@ async def mark(db: Database, key: str, now: datetime = SLOT) -> markers.Marked:
     """The chunk's instance inserting its marker at ``now``, as its kick-off does."""
     runs, lease_until = CLAIMED[key]
     return await markers.mark(
-        db, key, runs=runs, slot=SLOT, lease_until=lease_until, instance_id="me", now=now
+        db, key, ids=list(runs), slot=SLOT, lease_until=lease_until, instance_id="me", now=now
     )
 
 
@@ -271,7 +271,13 @@ async def test_the_chunks_of_one_slot_share_one_key_and_one_marker_starts_them_a
     runs = {**CLAIMED[first][0], **CLAIMED[second][0]}
 
     marked = await markers.mark(
-        db, first, runs=runs, slot=SLOT, lease_until=CLAIMED[first][1], instance_id="me", now=SLOT
+        db,
+        first,
+        ids=list(runs),
+        slot=SLOT,
+        lease_until=CLAIMED[first][1],
+        instance_id="me",
+        now=SLOT,
     )
 
     assert (marked.started, marked.only) == (True, None)
