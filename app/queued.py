@@ -31,6 +31,9 @@ log = logging.getLogger("slotcron.queued")
 
 LEASE_HELD_RECHECK = timedelta(seconds=1)
 """How soon a queued run of a forbid job that found the lease held looks again, at most."""
+BUSY_RECHECK = 0.05
+"""Seconds (of real time) after which a queued run whose job rows were locked is looked at
+again."""
 PAGE = 100
 """Queued executions read per look; a full page is followed by another look at once."""
 LISTENING_POLL_SECONDS = 300.0
@@ -83,9 +86,16 @@ class QueuedRuns(Role):
 
     def wake_at(self, when: datetime) -> None:
         """Poll at ``when`` (a retry this instance queued becomes due then)."""
+        self._wake_after(self.clock.sleep_until(when))
 
+    def _look_again_soon(self) -> None:
+        """Poll again shortly: rows another transaction holds are free again within moments
+        of real time, whatever the scheduler's clock says (a test's manual clock stands still)."""
+        self._wake_after(asyncio.sleep(BUSY_RECHECK))
+
+    def _wake_after(self, wait: Awaitable[None]) -> None:
         async def timer() -> None:
-            await self.clock.sleep_until(when)
+            await wait
             self._wake.set()
 
         task = asyncio.create_task(timer())
@@ -164,8 +174,7 @@ class QueuedRuns(Role):
                 self.db, wanted, instance_id=self.instance_id, now=self.clock.now()
             )
             if got.busy:
-                # Someone is claiming these jobs right now: look again shortly.
-                self.wake_at(self.clock.now() + timedelta(milliseconds=50))
+                self._look_again_soon()  # someone is claiming these jobs right now
             if got.held:
                 # A run of a forbid job holds the lease: look again when it ends, at the latest
                 # when it lapses (renewals move that on, so also every second), on every

@@ -97,6 +97,9 @@ async def shut_down(service: Service, signals: Signals) -> None:
     # No body starts from now on: runs claimed ahead of their slot go back to the queue first
     # thing (a slot may come while the claiming roles stop), and again once they have stopped.
     service.runner.kickoff.closing = True
+    # The queue takes nothing more: not even the runs just handed back (their notification
+    # would wake it).
+    await service.queued.request_stop()
     await _hand_back_unstarted(service)
     for role in service.claiming:
         await role.stop()

@@ -6,9 +6,11 @@ twice. On every backend, with the manual clock."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import select, update
 
 from app import JobContext
@@ -114,7 +116,7 @@ async def test_a_started_run_cannot_be_handed_back(db: Database) -> None:
 
 
 async def test_a_slot_claimed_ahead_by_a_stopping_instance_runs_on_another_at_its_time(
-    db: Database, start_service: ServiceFactory
+    db: Database, start_service: ServiceFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = ManualClock(datetime(2026, 11, 22, 0, 0, 5, tzinfo=UTC))
     slot = datetime(2026, 11, 22, 0, 0, 10, tzinfo=UTC)
@@ -141,11 +143,14 @@ async def test_a_slot_claimed_ahead_by_a_stopping_instance_runs_on_another_at_it
         return len(rows) == 5 and all(r.started_at is None for r in rows)
 
     await wait_for(claimed, what="the burst claimed ahead")
+    caplog.set_level(logging.INFO, logger="slotcron.queued")
     await first.stop()  # drain 2 s: but nothing had started, so it is handed back at once
     async with db.read() as conn:
         rows = (await conn.execute(select(executions))).all()
     assert {(r.status, r.attempt, r.started_at) for r in rows} == {("QUEUED", 1, None)}
     assert ran == []
+    retaken = [r for r in caplog.records if getattr(r, "instance", None) == "first"]
+    assert retaken == [], "a stopping instance takes nothing from the queue, not even its own"
 
     await start_service(list(registry_of("second")), clock=clock, instance_id="second")
     await clock.set(slot)
