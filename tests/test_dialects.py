@@ -8,6 +8,8 @@ the SQL is still the one meant."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from sqlalchemy import Column, MetaData, String, Table, insert, literal, select
 from sqlalchemy.dialects import mysql, postgresql, sqlite
@@ -42,11 +44,11 @@ def test_insert_new_is_cached(name: str) -> None:
 
 @pytest.mark.parametrize("name", list(URLS))
 def test_insert_new_renders_its_conflict_clause(name: str) -> None:
-    sql_dialect = {
-        "postgresql": postgresql.dialect(),
-        "mariadb": mysql.dialect(),
-        "sqlite": sqlite.dialect(),
-    }[name]
+    sql_dialect: Any = {
+        "postgresql": postgresql.dialect,
+        "mariadb": mysql.dialect,
+        "sqlite": sqlite.dialect,
+    }[name]()
     stmt = dialect(name).insert_new(table).values(a="x")
     sql = " ".join(str(stmt.compile(dialect=sql_dialect)).split())
     assert ON_CONFLICT[name] in sql

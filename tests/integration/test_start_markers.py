@@ -319,7 +319,7 @@ async def test_the_marker_is_compiled_before_its_slot_by_the_rehearsal(db: Datab
     await register(db, ["a", "b"])
     key, _ = await claim_chunk(db, ["a", "b"])
     await db.warm_up(1, lambda conn: markers.rehearse(db, conn))
-    seen: list[object] = []
+    seen: list[tuple[object, str]] = []
 
     def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         context = args[-2]  # (parameters, context, executemany)
