@@ -1,9 +1,10 @@
 """Runtime schedules over HTTP (CONTRACT.md, "Schedules at runtime").
 
 ``GET /api/schedules?task=&limit=&offset=`` → ``{"schedules": [...], "limit", "offset",
-"next_offset"}``; ``GET /api/schedules/{id}``; ``POST /api/schedules`` (a schedule's fields) →
-201 and the schedule; ``PATCH /api/schedules/{id}`` (the fields to change) → 200 and the
-schedule; ``DELETE /api/schedules/{id}`` → 204. An id may hold "/" (a generated one does): the
+"next_offset"}``, each schedule listed with its ``last_status`` and ``last_run_at`` besides (what
+the dashboard shows); ``GET /api/schedules/{id}``; ``POST /api/schedules`` (a schedule's
+fields) → 201 and the schedule; ``PATCH /api/schedules/{id}`` (the fields to change) → 200 and
+the schedule; ``DELETE /api/schedules/{id}`` → 204. An id may hold "/" (a generated one does): the
 client percent-encodes it.
 
 The checks are :mod:`app.schedules`' (400 naming the field, nothing written); an unknown id is
@@ -26,7 +27,8 @@ from app.http.auth import TokenCheck
 from app.http.bridge import ServiceBridge
 from app.http.errors import ApiError
 from app.http.reads import AdminReads
-from app.schedules import CHANGEABLE, FIELDS, schedule_json
+from app.records import iso
+from app.schedules import CHANGEABLE, FIELDS, ScheduleRecord, schedule_json
 from app.store import due
 from app.store import schedules as store
 from app.store.database import Database
@@ -75,8 +77,11 @@ class SchedulesApi:
             # One more than asked: whether there is a next page, without counting the table.
             records = await store.list_schedules(db, task=task, limit=limit + 1, offset=offset)
             more = len(records) > limit
+            page = records[:limit]
+            # The page's latest outcomes: one more bounded query, never one per schedule.
+            last = await store.last_runs(db, [r.spec.id for r in page])
             return {
-                "schedules": [schedule_json(r) for r in records[:limit]],
+                "schedules": [_listed(r, last.get(r.spec.id)) for r in page],
                 "limit": limit,
                 "offset": offset,
                 "next_offset": offset + limit if more else None,
@@ -140,6 +145,17 @@ class SchedulesApi:
         await _checked(self.bridge.call(store.remove(self.service.db, schedule_id, now=now)))
         _audit(request, f"remove schedule {schedule_id}")
         return web.Response(status=204)
+
+
+def _listed(record: ScheduleRecord, last: store.LastRun | None) -> dict[str, Any]:
+    """A schedule as listed: its contract fields, and what the dashboard shows beside them:
+    ``last_status`` (its latest execution's, QUEUED aside, as ``/api/jobs`` reads a job's; null
+    before its first) and ``last_run_at`` (that execution's slot)."""
+    return {
+        **schedule_json(record),
+        "last_status": last.status if last is not None else None,
+        "last_run_at": iso(last.scheduled_at) if last is not None else None,
+    }
 
 
 def _id(request: web.Request) -> str:

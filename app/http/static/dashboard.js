@@ -3,12 +3,16 @@
 // refetches jobs, executions and timelines only when the marker moves, after a write, or when the
 // view changes. The admin token is asked once and kept in sessionStorage (this tab only).
 // Two views, chosen by the URL's fragment: the overview (""), and a job's page
-// ("#job=NAME", "#job=NAME&execution=ID" with that execution opened).
+// ("#job=NAME", "#job=NAME&execution=ID" with that execution opened); a runtime schedule's page
+// is a job's page under its id. Everything shown goes in as text (textContent, never HTML):
+// names, ids and params are user data.
 "use strict";
 
 const REFRESH_MS = 3000;
 const PAGE = 25;
 const JOBS_PAGE = 20;
+const SCHEDULES_PAGE = 25;
+const PARAMS_SHOWN = 60;
 const SLOTS = 100;
 const NEXT_ON_OVERVIEW = 2;
 const NEXT_ON_JOB_PAGE = 5;
@@ -20,6 +24,7 @@ const SVG = "http://www.w3.org/2000/svg";
 const view = {
   offset: 0, nextOffset: null, expanded: new Set(), jobNames: [], jobsOffset: 0,
   jobs: [], marker: null, routeKey: null, jobOffset: 0, jobNextOffset: null,
+  schedules: null, schedulesOffset: 0, scheduleTask: "",
 };
 let pending = null;  // a write waiting for the token
 let timer = null;
@@ -226,6 +231,64 @@ function restartButton(run) {
     : "";
 }
 
+// Schedules: a page of the runtime schedules (there may be a million), read with their last
+// status in two bounded queries; their buttons are a job's, by id.
+
+function timing(schedule) {
+  const what = schedule.cron !== null && schedule.cron !== undefined ? schedule.cron : `every ${schedule.every}s`;
+  return `${what} (${schedule.timezone})`;
+}
+
+function paramsCell(params) {
+  const text = JSON.stringify(params || {});
+  const shown = text.length > PARAMS_SHOWN ? `${text.slice(0, PARAMS_SHOWN - 1)}…` : text;
+  return el("td", { class: "mono clipped", text: shown, title: text });
+}
+
+function lastStatusCell(schedule) {
+  if (!schedule.last_status) return el("td", { class: "muted", text: "none yet", title: "no run yet" });
+  return el("td", { title: `latest run: slot ${when(schedule.last_run_at)} (${relative(schedule.last_run_at)})` },
+    status(schedule.last_status));
+}
+
+function renderSchedules(page) {
+  const problem = $("schedules-error");
+  problem.textContent = page.error || "";
+  problem.hidden = !page.error;
+  const schedules = page.schedules || [];
+  const rows = schedules.map((schedule) => el("tr", {
+    "data-schedule": schedule.id, "data-paused": String(schedule.paused), "data-last-status": schedule.last_status || "",
+  },
+  el("td", { class: "mono clipped" }, el("a", { href: jobHref(schedule.id), text: schedule.id, title: `${schedule.id}: open its history` })),
+  el("td", { class: "mono", text: schedule.task }),
+  el("td", { class: "mono", text: timing(schedule) }),
+  paramsCell(schedule.params),
+  el("td", { text: `${when(schedule.next_slot)} ${schedule.paused ? "" : relative(schedule.next_slot)}` }),
+  lastStatusCell(schedule),
+  el("td", schedule.paused ? { class: "paused", text: "paused" } : { text: "" }),
+  el("td", { class: "actions" }, ...jobButtons({ name: schedule.id, paused: schedule.paused }))));
+  if (!rows.length && !page.error) {
+    const why = view.schedulesOffset ? "no schedules on this page" : view.scheduleTask ? "no schedules of this task" : "no schedules yet";
+    rows.push(el("tr", {}, el("td", { colSpan: 8, class: "muted", text: why })));
+  }
+  $("schedules").tBodies[0].replaceChildren(...rows);
+  view.schedulesNext = page.next_offset ?? null;
+  $("schedules-prev").disabled = view.schedulesOffset === 0;
+  $("schedules-next").disabled = view.schedulesNext === null;
+  $("schedules-page").textContent = schedules.length ? `${view.schedulesOffset + 1}–${view.schedulesOffset + schedules.length}` : "";
+}
+
+// A refused read of the schedules (a bad filter) shows in its section, not over the whole page;
+// a refused token is the page's business.
+function schedulesPage() {
+  const params = new URLSearchParams({ limit: String(SCHEDULES_PAGE), offset: String(view.schedulesOffset) });
+  if (view.scheduleTask) params.set("task", view.scheduleTask);
+  return api("GET", `api/schedules?${params}`).catch((error) => {
+    if (error.status === 401 || error.status === 403) throw error;
+    return { error: `schedules: ${error.message}` };
+  });
+}
+
 // Timeline
 
 function cellTitle(cell) {
@@ -406,7 +469,9 @@ async function loadOverview() {
   const params = new URLSearchParams({ limit: String(PAGE), offset: String(view.offset) });
   if ($("status-filter").value) params.set("status", $("status-filter").value);
   if ($("job-filter").value) params.set("job", $("job-filter").value);
-  const [jobs, page] = await Promise.all([api("GET", "api/jobs"), api("GET", `api/executions?${params}`)]);
+  const [jobs, page, schedules] = await Promise.all([
+    api("GET", "api/jobs"), api("GET", `api/executions?${params}`), schedulesPage(),
+  ]);
   view.jobs = jobs.jobs;
   if (view.jobsOffset >= view.jobs.length) view.jobsOffset = Math.max(0, view.jobs.length - JOBS_PAGE);
   const shown = view.jobs.slice(view.jobsOffset, view.jobsOffset + JOBS_PAGE).map((job) => job.name);
@@ -416,6 +481,8 @@ async function loadOverview() {
   $("jobs-page").textContent = view.jobs.length > JOBS_PAGE ? `jobs ${view.jobsOffset + 1}–${view.jobsOffset + shown.length} of ${view.jobs.length}` : "";
   renderJobs(view.jobs);
   renderExecutions(page);
+  view.schedules = schedules;
+  renderSchedules(schedules);
 }
 
 // Job page
@@ -471,6 +538,17 @@ function renderJobHistory(page) {
   $("job-page-range").textContent = page.executions.length ? `${view.jobOffset + 1}–${view.jobOffset + page.executions.length}` : "";
 }
 
+// A runtime schedule's page is a job's page: its history and timeline are under its id.
+async function scheduleAsJob(id) {
+  const schedule = await api("GET", `api/schedules/${encodeURIComponent(id)}`).catch((error) => {
+    if (error.status === 404) return null;
+    throw error;
+  });
+  if (!schedule) return null;
+  return { name: schedule.id, schedule: `task ${schedule.task}, ${schedule.cron ?? `every ${schedule.every}s`}`,
+    timezone: schedule.timezone, paused: schedule.paused, paused_reason: null };
+}
+
 async function loadJobPage(where) {
   const params = new URLSearchParams({ job: where.job, limit: String(PAGE), offset: String(view.jobOffset) });
   const [jobs, found, page, run] = await Promise.all([
@@ -483,7 +561,7 @@ async function loadJobPage(where) {
     }) : Promise.resolve(null),
   ]);
   view.jobs = jobs.jobs;
-  const job = view.jobs.find((candidate) => candidate.name === where.job);
+  const job = view.jobs.find((candidate) => candidate.name === where.job) || await scheduleAsJob(where.job);
   const timeline = found[0];
   $("job-title").textContent = where.job;
   $("job-schedule").textContent = job ? `${job.schedule} (${job.timezone})` : "not a job this database knows";
@@ -523,6 +601,7 @@ async function refresh(force = false) {
       view.marker = changes.marker;
     } else if (where.job === null) {
       renderJobs(view.jobs);  // only the relative times moved
+      if (view.schedules) renderSchedules(view.schedules);
     }
     $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
     document.body.dataset.loaded = "true";
@@ -544,6 +623,14 @@ for (const id of ["status-filter", "job-filter"]) {
 }
 $("newer").addEventListener("click", () => { view.offset = Math.max(0, view.offset - PAGE); refresh(true); });
 $("older").addEventListener("click", () => { if (view.nextOffset !== null) { view.offset = view.nextOffset; refresh(true); } });
+$("schedules-filter").addEventListener("submit", (event) => event.preventDefault());
+$("schedule-task").addEventListener("change", () => {
+  view.scheduleTask = $("schedule-task").value.trim();
+  view.schedulesOffset = 0;
+  refresh(true);
+});
+$("schedules-prev").addEventListener("click", () => { view.schedulesOffset = Math.max(0, view.schedulesOffset - SCHEDULES_PAGE); refresh(true); });
+$("schedules-next").addEventListener("click", () => { if (view.schedulesNext !== null) { view.schedulesOffset = view.schedulesNext; refresh(true); } });
 $("jobs-prev").addEventListener("click", () => { view.jobsOffset = Math.max(0, view.jobsOffset - JOBS_PAGE); refresh(true); });
 $("jobs-next").addEventListener("click", () => { view.jobsOffset += JOBS_PAGE; refresh(true); });
 $("job-newer").addEventListener("click", () => { view.jobOffset = Math.max(0, view.jobOffset - PAGE); refresh(true); });
