@@ -45,7 +45,7 @@ WINDOW = 20
 """Seconds after the slot that runs are counted (then the instance is stopped)."""
 
 
-async def _add(url: str, count: int, slot_of: object) -> float:
+async def _add(url: str, count: int, slot_of: object, analyze: bool = False) -> float:
     """Migrate, then add ``count`` schedules (``slot_of(i)`` gives each its cron); seconds."""
     db = Database.connect(Settings(database_url=url).url, 1)
     try:
@@ -60,7 +60,15 @@ async def _add(url: str, count: int, slot_of: object) -> float:
                 for i in range(first, min(first + BATCH, count))
             ]
             await client.add_schedules(items)
-    return time.perf_counter() - started
+    took = time.perf_counter() - started
+    if analyze:
+        db = Database.connect(Settings(database_url=url).url, 1)
+        try:
+            async with db.engine.connect() as conn:
+                await conn.execute(text("ANALYZE"))
+        finally:
+            await db.close()
+    return took
 
 
 def _cron(at: datetime) -> str:
@@ -97,11 +105,11 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))]
 
 
-def burst(url: str, workdir: Path, count: int) -> None:
+def burst(url: str, workdir: Path, count: int, analyze: bool = False) -> None:
     # The slot: far enough ahead to add them all and start the instance, within its horizon.
     estimate = 15 + count / 10_000
     slot = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=estimate + 20)
-    took = asyncio.run(_add(url, count, lambda _i: _cron(slot)))
+    took = asyncio.run(_add(url, count, lambda _i: _cron(slot), analyze))
     left = (slot - datetime.now(UTC)).total_seconds()
     print(f"  added {count:,} schedules due at {slot:%H:%M:%S} in {took:.1f} s ({left:.0f} s left)")
     system = Instance(url, workdir)
@@ -117,6 +125,10 @@ def burst(url: str, workdir: Path, count: int) -> None:
     runs = Counter(job for job, _, _ in starts)
     doubled = sum(1 for n in runs.values() if n > 1)
     late = count - len(runs)
+    if late:  # what the instance said about it
+        lines = proc.log.read_text(errors="replace").splitlines()
+        said = [line for line in lines if "WARNING" in line or "ERROR" in line]
+        print("\n".join(f"  | {line[:300]}" for line in said[-15:]))
     print(
         f"  {len(starts):,} runs: lag p50 {percentile(lags, 50):.0f} ms, "
         f"p99 {percentile(lags, 99):.0f} ms, max {max(lags, default=math.nan):.0f} ms; "
@@ -202,6 +214,13 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=100_000)
     parser.add_argument("--day", type=int, default=1_000_000)
     parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument(
+        "--analyze",
+        action="store_true",
+        help="burst: ANALYZE after the adds, as autovacuum does within a minute or so (the "
+        "planner then knows the schedules, as it would of schedules added long before their "
+        "slot), instead of the statistics of a fresh database",
+    )
     args = parser.parse_args()
     available = backends.probe_all()
     if not available.ok.get("postgresql"):
@@ -212,7 +231,7 @@ def main() -> None:
             try:
                 if what == "burst":
                     print(f"burst: {args.burst:,} schedules due in the same second, one instance")
-                    burst(url, Path(tmp), args.burst)
+                    burst(url, Path(tmp), args.burst, args.analyze)
                 elif what == "day":
                     print(f"day: {args.day:,} schedules spread over the day, one instance")
                     day(url, Path(tmp), args.day, args.seconds)
