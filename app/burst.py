@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
@@ -96,6 +97,12 @@ class Burst:
             self.claiming -= 1
 
     async def _fire_together(self, due: list[tuple[Job, datetime]]) -> None:
+        if len(due) > BATCH_SIZE:
+            # Each instance starts at its own point of the burst: instances that share it then
+            # claim different chunks, not the same rows in the same order (rows another claimer
+            # holds are skipped, then claimed one by one); they meet only at the end.
+            start = zlib.crc32(self.claimer.instance_id.encode()) % len(due)
+            due = due[start:] + due[:start]
         while due:
             permitted = await self.permits.take_up_to(len(due))
             batch, due = due[:permitted], due[permitted:]
