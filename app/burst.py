@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
@@ -61,9 +62,17 @@ class Burst:
         self.firing = firing
         self.permits = firing.permits
         self._claim_cost = CLAIM_COST_FIRST
+        self.claiming = 0
+        """Bursts being claimed now (:meth:`fire_together`)."""
         # Chunks in flight at once: two keep both the database and this loop busy; more would
         # interleave on the loop, and every chunk (not only the last) would finish late.
         self._chunks = asyncio.Semaphore(CHUNKS_IN_FLIGHT)
+
+    @property
+    def claim_cost(self) -> float:
+        """Seconds per slot that claiming a burst was last measured to take (a first guess
+        until then)."""
+        return self._claim_cost
 
     def lead(self, together: int, period: timedelta) -> timedelta:
         """How far ahead of their slot to claim ``together`` slots due at once, of jobs whose
@@ -81,6 +90,19 @@ class Burst:
     async def fire_together(self, due: list[tuple[Job, datetime]]) -> None:
         """Claim every slot due at once in a few transactions, then start each run in its own
         task, as far as permits go; the rest wait for permits and are claimed in turn."""
+        self.claiming += 1
+        try:
+            await self._fire_together(due)
+        finally:
+            self.claiming -= 1
+
+    async def _fire_together(self, due: list[tuple[Job, datetime]]) -> None:
+        if len(due) > BATCH_SIZE:
+            # Each instance starts at its own point of the burst: instances that share it then
+            # claim different chunks, not the same rows in the same order (rows another claimer
+            # holds are skipped, then claimed one by one); they meet only at the end.
+            start = zlib.crc32(self.claimer.instance_id.encode()) % len(due)
+            due = due[start:] + due[:start]
         while due:
             permitted = await self.permits.take_up_to(len(due))
             batch, due = due[:permitted], due[permitted:]
@@ -109,12 +131,18 @@ class Burst:
 
     async def _claim_chunk(self, batch: list[tuple[Job, datetime]], check_gap: bool) -> None:
         jobs = {job.name: job for job, _ in batch}
-        items = [self._due(job, slot, check_gap) for job, slot in batch]
-        ends: dict[tuple[int, datetime], datetime] = {}  # jobs mostly share a few schedules
+        # Jobs mostly share a few schedules: each one's next slot and grace, once per chunk.
+        ends: dict[tuple[int, datetime], datetime] = {}
+        following: dict[tuple[int, datetime], datetime] = {}
+        items = []
         for job, slot in batch:
             schedule = self.schedules[job.name]
-            if (id(schedule), slot) not in ends:
-                ends[id(schedule), slot] = slot + misfire.grace(schedule, slot)
+            of = (id(schedule), slot)
+            after = following.get(of)
+            if after is None:
+                after = following[of] = schedule.next_after(slot)
+                ends[of] = slot + misfire.grace(schedule, slot)
+            items.append(self._due(job, slot, check_gap, after))
         give_up_at = min(ends.values())
         try:
             decided = await self.claimer.claim_many(items, give_up_at=give_up_at)
@@ -262,11 +290,13 @@ class Burst:
                         missed_reason=item.missed_reason,
                     )
 
-    def _due(self, job: Job, slot: datetime, check_gap: bool = True) -> Due:
+    def _due(
+        self, job: Job, slot: datetime, check_gap: bool = True, following: datetime | None = None
+    ) -> Due:
         return Due(
             job_name=job.name,
             slot=slot,
-            following=self.schedules[job.name].next_after(slot),
+            following=following or self.schedules[job.name].next_after(slot),
             trigger=job.trigger,
             lease_ms=job.lease_ms(self.claimer.default_lease),
             forbid_overlap=job.overlap == "forbid",

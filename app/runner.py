@@ -141,7 +141,10 @@ class Runner:
             trigger=claim.trigger,
             instance_id=self.instance_id,
             logger=logging.LoggerAdapter(
-                self._job_logger(job.name), {"job": job.name, "execution_id": claim.execution_id}
+                # A runtime schedule logs under its task's name: one logger per schedule would
+                # be 100,000 loggers for good (the logging module never frees one).
+                self._job_logger(getattr(job, "task", "") or job.name),
+                {"job": job.name, "execution_id": claim.execution_id},
             ),
             params=dict(claim.params),
             state=dict(claim.state),

@@ -1,13 +1,15 @@
 """Runtime schedules fired by real instances (issue 15), on PostgreSQL.
 
     python -m bench.runtime --only burst       # 100,000 schedules due in the same second
+    python -m bench.runtime --only burst --instances 3   # ... over three instances
     python -m bench.runtime --only day         # 1,000,000 schedules spread over the day
 
 burst: N schedules (``--burst``, default 100,000), all due at one second, added with
-``add_schedules``; one ``slotcron run`` instance starts, loads them (they are within its
-horizon) and fires them. Figures: start lag percentiles (start - slot, by the job's own record
-with the real clock), doubled (a schedule's slot started twice), how many had not started
-:data:`WINDOW` seconds after the slot, the instance's peak RSS.
+``add_schedules``; one ``slotcron run`` instance (``--instances``: that many, each slot once
+across them) starts, loads them (they are within its horizon) and fires them. Figures: start
+lag percentiles (start - slot, by the job's own record with the real clock), doubled (a
+schedule's slot started twice), how many had not started :data:`WINDOW` seconds after the
+slot, each instance's peak RSS.
 
 day: M schedules (``--day``, default 1,000,000), one cron slot a day each, spread evenly over
 the 23 hours that begin an hour from now (so none is due while measuring: what an instance pays
@@ -45,7 +47,7 @@ WINDOW = 20
 """Seconds after the slot that runs are counted (then the instance is stopped)."""
 
 
-async def _add(url: str, count: int, slot_of: object) -> float:
+async def _add(url: str, count: int, slot_of: object, analyze: bool = False) -> float:
     """Migrate, then add ``count`` schedules (``slot_of(i)`` gives each its cron); seconds."""
     db = Database.connect(Settings(database_url=url).url, 1)
     try:
@@ -60,7 +62,15 @@ async def _add(url: str, count: int, slot_of: object) -> float:
                 for i in range(first, min(first + BATCH, count))
             ]
             await client.add_schedules(items)
-    return time.perf_counter() - started
+    took = time.perf_counter() - started
+    if analyze:
+        db = Database.connect(Settings(database_url=url).url, 1)
+        try:
+            async with db.engine.connect() as conn:
+                await conn.execute(text("ANALYZE"))
+        finally:
+            await db.close()
+    return took
 
 
 def _cron(at: datetime) -> str:
@@ -97,32 +107,42 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))]
 
 
-def burst(url: str, workdir: Path, count: int) -> None:
-    # The slot: far enough ahead to add them all and start the instance, within its horizon.
+def burst(url: str, workdir: Path, count: int, analyze: bool = False, instances: int = 1) -> None:
+    # The slot: far enough ahead to add them all and start the instances, within the horizon.
     estimate = 15 + count / 10_000
     slot = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=estimate + 20)
-    took = asyncio.run(_add(url, count, lambda _i: _cron(slot)))
+    took = asyncio.run(_add(url, count, lambda _i: _cron(slot), analyze))
     left = (slot - datetime.now(UTC)).total_seconds()
     print(f"  added {count:,} schedules due at {slot:%H:%M:%S} in {took:.1f} s ({left:.0f} s left)")
     system = Instance(url, workdir)
     began = time.monotonic()
-    proc = system.start_one("runtime-0")
-    wait_for(proc.is_ready, 120, "the instance to start")
-    print(f"  instance running after {time.monotonic() - began:.1f} s")
+    procs = [system.start_one(f"runtime-{i}") for i in range(instances)]
+    for proc in procs:
+        wait_for(proc.is_ready, 120, "the instances to start")
+    print(f"  {instances} instance(s) running after {time.monotonic() - began:.1f} s")
     time.sleep(max(0.0, slot.timestamp() + WINDOW - time.time()))
-    rss = proc.memory_mb("VmHWM")
+    rss = [proc.memory_mb("VmHWM") for proc in procs]
     system.stop_all()
     starts = system.starts()
     lags = [(start - at) * 1000 for _, at, start in starts]
     runs = Counter(job for job, _, _ in starts)
     doubled = sum(1 for n in runs.values() if n > 1)
     late = count - len(runs)
+    if late:  # what the instances said about it
+        for proc in procs:
+            lines = proc.log.read_text(errors="replace").splitlines()
+            said = [line for line in lines if "WARNING" in line or "ERROR" in line]
+            print("\n".join(f"  | {proc.name}: {line[:300]}" for line in said[-15:]))
+    per = ", ".join(
+        f"{sum(1 for _ in p.out.read_text().splitlines()) if p.out.exists() else 0:,}"
+        for p in procs
+    )
     print(
-        f"  {len(starts):,} runs: lag p50 {percentile(lags, 50):.0f} ms, "
+        f"  {len(starts):,} runs ({per} by instance): lag p50 {percentile(lags, 50):.0f} ms, "
         f"p99 {percentile(lags, 99):.0f} ms, max {max(lags, default=math.nan):.0f} ms; "
         f"min {min(lags, default=math.nan):.0f} ms; doubled {doubled}, not started within "
         f"{WINDOW} s of the slot {late:,}; "
-        f"peak RSS {rss:.0f} MB"
+        f"peak RSS {'/'.join(f'{r:.0f}' for r in rss)} MB"
     )
 
 
@@ -202,6 +222,16 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=100_000)
     parser.add_argument("--day", type=int, default=1_000_000)
     parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument(
+        "--instances", type=int, default=1, help="burst: how many instances share the burst"
+    )
+    parser.add_argument(
+        "--analyze",
+        action="store_true",
+        help="burst: ANALYZE after the adds, as autovacuum does within a minute or so (the "
+        "planner then knows the schedules, as it would of schedules added long before their "
+        "slot), instead of the statistics of a fresh database",
+    )
     args = parser.parse_args()
     available = backends.probe_all()
     if not available.ok.get("postgresql"):
@@ -211,8 +241,11 @@ def main() -> None:
             url = backends.create_database("postgresql", Path(tmp))
             try:
                 if what == "burst":
-                    print(f"burst: {args.burst:,} schedules due in the same second, one instance")
-                    burst(url, Path(tmp), args.burst)
+                    print(
+                        f"burst: {args.burst:,} schedules due in the same second, "
+                        f"{args.instances} instance(s)"
+                    )
+                    burst(url, Path(tmp), args.burst, args.analyze, args.instances)
                 elif what == "day":
                     print(f"day: {args.day:,} schedules spread over the day, one instance")
                     day(url, Path(tmp), args.day, args.seconds)

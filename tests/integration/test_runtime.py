@@ -260,3 +260,27 @@ async def test_a_schedule_whose_task_no_instance_has_waits_then_its_misfire_poli
 
     await wait_for(decided, what="the waiting slots decided by the misfire policy")
     assert [slot for _, slot, _ in ran] == [at(30)]
+
+
+async def test_a_schedules_logger_is_its_tasks_and_names_the_schedule(
+    db: Database, start: Start
+) -> None:
+    # One logger per task, not per schedule: the logging module keeps every logger for good.
+    seen: list[tuple[str, Any]] = []
+    registry = Registry()
+
+    @task(name=TASK, registry=registry)
+    async def report(ctx: JobContext) -> None:
+        adapter = ctx.logger
+        assert isinstance(adapter, logging.LoggerAdapter)
+        seen.append((adapter.logger.name, dict(adapter.extra or {})))
+
+    clock = ManualClock(T0)
+    await add(db, registry, T0, id="tenant-9", every=10)
+    service = await start(registry, clock)
+    await wait_for(lambda: held(service, "tenant-9"), what="the schedule loaded")
+    await clock.set(at(10))
+    await wait_for(lambda: len(seen) == 1, what="the :10 slot")
+    name, extra = seen[0]
+    assert name == f"slotcron.job.{TASK}"
+    assert extra["job"] == "tenant-9"

@@ -332,3 +332,29 @@ async def test_the_marker_is_compiled_before_its_slot_by_the_rehearsal(db: Datab
         event.remove(db.engine.sync_engine, "before_cursor_execute", record)
     misses = [s for hit, s in seen if hit is default.CACHE_MISS]
     assert seen and misses == [], f"compiled at the slot: {seen}"
+
+
+async def test_a_slots_runs_share_a_key_up_to_a_markers_share_then_take_the_next(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A burst of 100,000 starts by several markers sent together (one would cost the database
+    # 0.4 s at the slot before any body starts): whole chunks fill a key up to MARKER_RUNS.
+    monkeypatch.setattr(batch_store, "MARKER_RUNS", 3)
+    monkeypatch.setattr(batch_store, "_filling", {})
+    await register(db, ["a", "b", "c", "d", "e"])
+    first, _ = await claim_chunk(db, ["a"])
+    second, _ = await claim_chunk(db, ["b", "c"])  # 3 runs: still the first key
+    third, _ = await claim_chunk(db, ["d", "e"])  # 5 > 3: the next key
+
+    assert first == second != third
+    for key in (first, third):
+        assert (await mark(db, key)).started
+    assert sorted(key for key, *_ in await markers_of(db)) == sorted({first, third})
+    for name in "abcde":
+        async with db.read() as conn:
+            row = (
+                await conn.execute(
+                    select(executions.c.start_key).where(executions.c.job_name == name)
+                )
+            ).one()
+        assert row.start_key == (first if name in "abc" else third)
