@@ -58,7 +58,7 @@ class Kickoff:
         waiting = self._waiting.get(start_key)
         joined = waiting is not None  # another chunk of the burst: one marker for both
         if waiting is None:
-            waiting = self._waiting[start_key] = _Waiting(slot)
+            waiting = self._waiting[start_key] = _Waiting()
         # All the marker needs is made now, ahead of the slot: at the slot every microsecond
         # is every body's start lag.
         for claim in claims:
@@ -129,8 +129,7 @@ class Kickoff:
             started = marked.started and not self.closing
             only = marked.only
             for execution_id, future in futures.items():
-                if not future.done():
-                    future.set_result(started and (only is None or execution_id in only))
+                _settle(future, started and (only is None or execution_id in only))
             return
 
     async def _start(
@@ -195,7 +194,6 @@ class Kickoff:
 class _Waiting:
     """The runs of one start key waiting for their slot's kick-off."""
 
-    slot: datetime
     claims: dict[int, Claim] = field(default_factory=dict)
     futures: dict[int, asyncio.Future[bool]] = field(default_factory=dict)
     lease_until: datetime = field(default_factory=lambda: datetime.max.replace(tzinfo=UTC))

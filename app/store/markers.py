@@ -77,8 +77,9 @@ def _mark(dialect: Dialect, server_clock: bool) -> _Mark:
     slot = bindparam("p_slot", type_=UTCDateTime())
     # Each part reads the chunk's rows by id (``p_ids``):
     # a key or an instance's RUNNING rows can be thousands, never to be scanned at the slot.
+    chunk = dialect.among(executions.c.id, "p_ids", executions.c.id.type)
     mine = and_(
-        dialect.among(executions.c.id, "p_ids", executions.c.id.type),
+        chunk,
         executions.c.start_key == key,
         executions.c.status == Status.RUNNING.value,
         executions.c.instance_id == me,
@@ -98,9 +99,7 @@ def _mark(dialect: Dialect, server_clock: bool) -> _Mark:
     # The chunk's paused jobs, found from the paused ones (off the index on `paused`): almost
     # always none, and then no run of the chunk is read at all. (Not by the chunk's job names:
     # binding a thousand names cost more at the slot than this whole statement.)
-    chunk_jobs = select(executions.c.job_name).where(
-        dialect.among(executions.c.id, "p_ids", executions.c.id.type)
-    )
+    chunk_jobs = select(executions.c.job_name).where(chunk)
     paused_jobs = select(jobs.c.name, paused_reason(jobs.c.paused_reason).label("error")).where(
         jobs.c.paused == true(), jobs.c.name.in_(chunk_jobs)
     )
