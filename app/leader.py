@@ -88,10 +88,22 @@ class Leader(Role):
     async def tick(self) -> None:
         now = self.clock.now()
         until: datetime | None = None
+        # Claims give up at most MAX_GRACE after a slot: an expected slot older than that was
+        # left undecided by everyone.
+        silent_before = now - timedelta(seconds=self.lease)
+        overdue_before = now - MAX_GRACE
+        todo: housekeeping.Pending | None = None
         if self.leading:
-            leading = await leadership.renew(
-                self.db, instance_id=self.instance_id, now=now, lease=self.lease
+            # The renewal and the look at what to do: one statement where the database allows.
+            todo = await housekeeping.renew_and_look(
+                self.db,
+                instance_id=self.instance_id,
+                now=now,
+                lease=self.lease,
+                silent_before=silent_before,
+                overdue_before=overdue_before,
             )
+            leading = todo is not None
         else:
             # One read a tick while someone else leads; a write only when the lease lapsed
             # (or was resigned) and is there to take.
@@ -109,21 +121,16 @@ class Leader(Role):
             self._pruned_at = None  # a new leader prunes at once
         if not leading:
             return
-        # Claims give up at most MAX_GRACE after a slot: an expected slot older than that was
-        # left undecided by everyone.
-        todo = await housekeeping.pending(
-            self.db,
-            now=now,
-            silent_before=now - timedelta(seconds=self.lease),
-            overdue_before=now - MAX_GRACE,
-        )
+        if todo is None:
+            todo = await housekeeping.pending(
+                self.db, now=now, silent_before=silent_before, overdue_before=overdue_before
+            )
         if todo.lapsed_runs:
             await self._abandon_lapsed(now)
-        self._next_look = await lifeline.next_unstarted_lapse(self.db)
+        if todo.unstarted_runs:
+            self._next_look = await lifeline.next_unstarted_lapse(self.db)
         if todo.silent_instances:
-            silent = await registrations.mark_silent_instances(
-                self.db, before=now - timedelta(seconds=self.lease)
-            )
+            silent = await registrations.mark_silent_instances(self.db, before=silent_before)
             if silent:
                 log.warning(
                     "instances silent for over a lease, recorded stopped: %s", ", ".join(silent)

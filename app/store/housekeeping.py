@@ -1,18 +1,22 @@
 """What the leader's housekeeping finds to do, asked in one statement.
 
 An idle cluster is asked this every tick; the writes that act on it run only when it finds
-something, so a quiet instance costs the database a handful of statements a minute.
+something, so a quiet instance costs the database a handful of statements a minute. Where the
+database can hold a write in a read (PostgreSQL), the leader's renewal of its lease is the same
+statement: an idle leader sends one statement a tick.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import func, literal, select, union_all
+from sqlalchemy import Select, func, literal, select, union_all
 
+from app.store import leadership, markers
 from app.store.database import Database
-from app.store.tables import executions, instances, jobs
+from app.store.tables import executions, instances, jobs, leader
 
 
 @dataclass(frozen=True)
@@ -23,15 +27,20 @@ class Pending:
     """Instances not stopped that stopped heartbeating: to be recorded stopped."""
     overdue_jobs: int
     """Jobs whose expected slot nobody decided in time: for their misfire policy."""
+    unstarted_runs: int
+    """RUNNING executions not started yet (claimed ahead of their slot, or just claimed): the
+    leader then asks when the first of their leases lapses."""
 
 
-async def pending(
-    db: Database, *, now: datetime, silent_before: datetime, overdue_before: datetime
-) -> Pending:
-    query = union_all(
+def _looks(db: Database, *, silent_before: datetime, overdue_before: datetime) -> list[Select[Any]]:
+    running = executions.c.status == "RUNNING"
+    return [
         select(literal("lapsed").label("what"), func.count().label("n"))
         .select_from(executions)
-        .where(executions.c.status == "RUNNING", executions.c.lease_until < db.now_in_sql()),
+        .where(running, executions.c.lease_until < db.now_in_sql()),
+        select(literal("unstarted"), func.count())
+        .select_from(executions)
+        .where(running, markers.started_at().is_(None)),
         select(literal("silent"), func.count())
         .select_from(instances)
         .where(instances.c.state != "stopped", instances.c.heartbeat_at < silent_before),
@@ -39,7 +48,50 @@ async def pending(
         .select_from(jobs)
         # Runtime schedules' overdue slots are decided by their loader (app/runtime.py).
         .where(jobs.c.next_slot_at < overdue_before, jobs.c.task.is_(None)),
-    )
+    ]
+
+
+def _pending(counts: dict[str, int]) -> Pending:
+    return Pending(counts["lapsed"], counts["silent"], counts["overdue"], counts["unstarted"])
+
+
+async def pending(
+    db: Database, *, now: datetime, silent_before: datetime, overdue_before: datetime
+) -> Pending:
+    query = union_all(*_looks(db, silent_before=silent_before, overdue_before=overdue_before))
     async with db.alone(write=False) as conn:
         counts = {row.what: int(row.n) for row in await conn.execute(query, {"p_now": now})}
-    return Pending(counts["lapsed"], counts["silent"], counts["overdue"])
+    return _pending(counts)
+
+
+async def renew_and_look(
+    db: Database,
+    *,
+    instance_id: str,
+    now: datetime,
+    lease: float,
+    silent_before: datetime,
+    overdue_before: datetime,
+) -> Pending | None:
+    """Renew this instance's leadership lease and, while it is ours, say what housekeeping
+    finds (None: the lease is no longer ours). One statement where the database has writes in
+    common table expressions, the renewal and the read then sharing one snapshot; else the
+    renewal and then the read."""
+    if not db.dialect.modifying_cte:
+        if not await leadership.renew(db, instance_id=instance_id, now=now, lease=lease):
+            return None
+        return await pending(
+            db, now=now, silent_before=silent_before, overdue_before=overdue_before
+        )
+    renewed = (
+        leadership.renewal(instance_id=instance_id, now=now, lease=lease)
+        .returning(leader.c.name)
+        .cte("renewed")
+    )
+    query = union_all(
+        *_looks(db, silent_before=silent_before, overdue_before=overdue_before),
+        select(literal("renewed"), func.count()).select_from(renewed),
+    )
+    async with db.alone(write=True) as conn:
+        counts = {row.what: int(row.n) for row in await conn.execute(query, {"p_now": now})}
+    return _pending(counts) if counts["renewed"] else None

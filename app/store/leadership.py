@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import case, select, update
+from sqlalchemy import Update, case, select, update
 
 from app.store.database import Database
 from app.store.tables import LEADER_ROW, instances, leader
@@ -12,14 +12,19 @@ from app.store.tables import LEADER_ROW, instances, leader
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+def renewal(*, instance_id: str, now: datetime, lease: float) -> Update:
+    """The update that extends our lease: it matches no row once the lease is not ours."""
+    return (
+        update(leader)
+        .where(leader.c.name == LEADER_ROW, leader.c.instance_id == instance_id)
+        .values(lease_until=now + timedelta(seconds=lease))
+    )
+
+
 async def renew(db: Database, *, instance_id: str, now: datetime, lease: float) -> bool:
     """Extend our lease; False when it is no longer ours. One statement, in autocommit."""
     async with db.alone(write=True) as conn:
-        result = await conn.execute(
-            update(leader)
-            .where(leader.c.name == LEADER_ROW, leader.c.instance_id == instance_id)
-            .values(lease_until=now + timedelta(seconds=lease))
-        )
+        result = await conn.execute(renewal(instance_id=instance_id, now=now, lease=lease))
     return result.rowcount == 1
 
 
