@@ -15,6 +15,7 @@ database path is fenced by time alone, before any other instance can judge the l
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -79,8 +80,18 @@ class Runs:
         self._empty = asyncio.Event()
         self._empty.set()
         self._busy = asyncio.Event()
+        self._busy_signals: list[threading.Event] = []
+
+    def signal_busy(self, event: threading.Event) -> None:
+        """Set ``event`` whenever a run begins with none in flight before it, from the call that
+        adds it: another thread waiting on ``event`` learns of it even if the run then blocks
+        the loop."""
+        self._busy_signals.append(event)
 
     def add(self, handle: RunHandle) -> None:
+        if not self._handles:
+            for event in self._busy_signals:
+                event.set()
         self._handles[handle.id] = handle
         self._empty.clear()
         self._busy.set()

@@ -80,6 +80,8 @@ class Watchdog:
         self._codes = {job.func.__code__: job.name for job in jobs if hasattr(job.func, "__code__")}
         self._mark = time.monotonic()
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        """Set when runs begin with none before (and at stop): the thread sleeps on it."""
         self._thread: threading.Thread | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._loop_thread = threading.get_ident()
@@ -90,12 +92,14 @@ class Watchdog:
         self._loop_thread = threading.get_ident()
         self._loop = asyncio.get_running_loop()
         self._mark = time.monotonic()
+        self.runs.signal_busy(self._wake)
         self._ticker = asyncio.create_task(self._tick(), name="slotcron-watchdog-tick")
         self._thread = threading.Thread(target=self._watch, name="slotcron-watchdog", daemon=True)
         self._thread.start()
 
     async def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -104,41 +108,58 @@ class Watchdog:
             await asyncio.to_thread(self._thread.join, 10)
 
     async def _tick(self) -> None:
+        """Mark the loop's ticks while runs are in flight; with none, wait for one (an idle
+        instance's loop is not woken for the watchdog)."""
         while True:
             self._mark = time.monotonic()
+            if not len(self.runs):
+                await self.runs.wait_busy()
+                self._mark = time.monotonic()
             await asyncio.sleep(TICK)
 
     # The thread ------------------------------------------------------------------------------
 
     def _watch(self) -> None:
-        asyncio.run(self._watching())
-
-    async def _watching(self) -> None:
-        db: Database | None = None
+        """While runs are in flight, look every tick; with none, sleep until one begins (told
+        by the call that adds it, even if its job then blocks the loop)."""
         stalled_since: float | None = None
         culprit = "?"
         renewed_at = 0.0
-        try:
-            while not self._stop.is_set():
-                await asyncio.sleep(TICK)
-                now = time.monotonic()
-                if now - self._mark < STALL:
-                    if stalled_since is not None:
-                        self._report(culprit, self._mark - stalled_since)
-                        stalled_since = None
-                    continue
-                if stalled_since is None:
-                    stalled_since = self._mark
-                    culprit = self._blocking_job()
-                if now - renewed_at >= self.period and len(self.runs) and not self.id_taken:
-                    renewed_at = now
-                    if db is None:
-                        db = Database.connect(self._url, 1)
-                        db.server_clock = self._server_clock
-                    await self._renew(db)
-        finally:
-            if db is not None:
-                await db.close()
+        watched_from = time.monotonic()
+        db: Database | None = None
+        with asyncio.Runner() as runner:
+            try:
+                while not self._stop.is_set():
+                    if not len(self.runs):
+                        if stalled_since is not None:  # the loop came back and ended them
+                            self._report(culprit, stalled_since)
+                            stalled_since = None
+                        self._wake.wait()
+                        self._wake.clear()
+                        watched_from = time.monotonic()
+                        continue
+                    if self._stop.wait(TICK):
+                        break
+                    now = time.monotonic()
+                    # A mark older than the first run is from before there was anything to watch.
+                    last = max(self._mark, watched_from)
+                    if now - last < STALL:
+                        if stalled_since is not None:
+                            self._report(culprit, stalled_since)
+                            stalled_since = None
+                        continue
+                    if stalled_since is None:
+                        stalled_since = last
+                        culprit = self._blocking_job()
+                    if now - renewed_at >= self.period and not self.id_taken:
+                        renewed_at = now
+                        if db is None:
+                            db = Database.connect(self._url, 1)
+                            db.server_clock = self._server_clock
+                        runner.run(self._renew(db))
+            finally:
+                if db is not None:
+                    runner.run(db.close())
 
     def _blocking_job(self) -> str:
         """The job whose code is on the blocked loop's stack, or ``?``."""
@@ -186,7 +207,10 @@ class Watchdog:
                 handle.deadline = max(handle.deadline, trusted_until(sent, handle.lease_ms))
         # A run no longer ours is fenced by the heartbeat once the loop is back.
 
-    def _report(self, job: str, seconds: float) -> None:
+    def _report(self, job: str, since: float) -> None:
+        """Log and count the stall that began at ``since`` and just ended: at the loop's first
+        mark after it, or now if the loop ended its runs before it marked again."""
+        seconds = (self._mark if self._mark > since else time.monotonic()) - since
         self.stalls += 1
         self.metrics.loop_blocked(job, seconds)
         log.warning(

@@ -47,8 +47,9 @@ process starts, and: ready = from spawn until ``start_in_background()`` returned
 quiet = until its CPU use first stays under 5 % for 2 s (idle); RSS (VmRSS and peak VmHWM) after
 ``--seconds`` idle, its CPU over those seconds (% of one core), and the database's transactions
 per minute over them: ``pg_stat_database`` ``xact_commit + xact_rollback`` deltas for that
-database (every autocommit statement is a transaction, so is each BEGIN ... COMMIT;
-``pg_stat_statements`` is not loaded on this server: ``shared_preload_libraries`` is empty), plus
+database (every autocommit statement is a transaction, so is each BEGIN ... COMMIT), its
+statements a minute (``pg_stat_statements`` calls, BEGIN and COMMIT included; nan where it is
+not in ``shared_preload_libraries``), plus
 table and index scans a minute (``pg_stat_user_tables``). The background rate measured before
 the scheduler started is printed beside them.
 
@@ -89,6 +90,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import aps, aps_runtime_jobs  # noqa: E402
+from bench.run import Counters  # noqa: E402
 from tests import backends  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -307,21 +309,28 @@ async def _activity(conn: asyncpg.Connection) -> tuple[float, float]:
     return float(row[0]), float(row[1])
 
 
-def per_minute(url: str, seconds: float) -> tuple[float, float]:
-    """Transactions and scans a minute over ``seconds``, read on one connection; the first
-    read's own transaction is taken off (PostgreSQL may report it late: +-1)."""
+def per_minute(
+    url: str, seconds: float, counters: Counters | None = None
+) -> tuple[float, float, float]:
+    """Transactions, scans and statements a minute over ``seconds``. Transactions and scans
+    are read on one connection, the first read's own transaction taken off (PostgreSQL may
+    report it late: +-1); statements (``pg_stat_statements``, read through another database:
+    nan where it is not loaded) between those two reads."""
 
-    async def go() -> tuple[float, float]:
+    async def go() -> tuple[float, float, float]:
         conn = await asyncpg.connect(**_pg_args(url))
         try:
             x0, s0 = await _activity(conn)
             began = time.monotonic()
+            c0 = await asyncio.to_thread(counters.read) if counters else math.nan
             await asyncio.sleep(seconds)
+            c1 = await asyncio.to_thread(counters.read) if counters else math.nan
             elapsed = time.monotonic() - began
             x1, s1 = await _activity(conn)
         finally:
             await conn.close()
-        return (x1 - x0 - 1) / elapsed * 60, (s1 - s0) / elapsed * 60
+        per = 60 / elapsed
+        return (x1 - x0 - 1) * per, (s1 - s0) * per, (c1 - c0) * per
 
     return asyncio.run(go())
 
@@ -480,9 +489,11 @@ def workload_day(
     count, took = asyncio.run(seed())
     print(f"  added {count:,} over the day in {took:.1f} s ({count / took:,.0f}/s)")
     asyncio.run(_sql(url, "VACUUM ANALYZE schedules"))
-    quiet = per_minute(url, seconds)
+    counters = Counters("postgresql", url)
+    quiet = per_minute(url, seconds, counters)
     print(
-        f"  no scheduler, {seconds} s: {quiet[0]:.1f} transactions/min, {quiet[1]:.1f} scans/min "
+        f"  no scheduler, {seconds} s: {quiet[0]:.1f} transactions/min, {quiet[1]:.1f} scans/min, "
+        f"{quiet[2]:.1f} statements/min "
         f"(the database's own background); {load()}"
     )
     spawner = Spawner(url, workdir)
@@ -501,7 +512,7 @@ def workload_day(
             mark, at = now_cpu, now
         quiet_after = at - began
         cpu, t0 = proc.cpu_seconds(), time.monotonic()
-        xacts, scans = per_minute(url, seconds)
+        xacts, scans, statements = per_minute(url, seconds, counters)
         elapsed = time.monotonic() - t0
         cpu_pct = (proc.cpu_seconds() - cpu) / elapsed * 100
         rss, peak = proc.memory_mb("VmRSS"), proc.memory_mb("VmHWM")
@@ -509,7 +520,8 @@ def workload_day(
         spawner.stop_all()
     print(
         f"  started in {ready:.1f} s, idle from {quiet_after:.1f} s; RSS {rss:.0f} MB "
-        f"(peak {peak:.0f}); idle CPU {cpu_pct:.2f} % of a core; {xacts:.1f} transactions/min "
+        f"(peak {peak:.0f}); idle CPU {cpu_pct:.2f} % of a core; {statements:.1f} statements/min "
+        f"(pg_stat_statements calls), {xacts:.1f} transactions/min "
         f"(pg_stat_database), {scans:.1f} scans/min (pg_stat_user_tables) over {elapsed:.0f} s"
     )
 
