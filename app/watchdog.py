@@ -157,6 +157,8 @@ class Watchdog:
                             db = Database.connect(self._url, 1)
                             db.server_clock = self._server_clock
                         runner.run(self._renew(db))
+                if stalled_since is not None:  # stopped (on the loop: it is back) before a look
+                    self._report(culprit, stalled_since)
             finally:
                 if db is not None:
                     runner.run(db.close())
