@@ -173,17 +173,17 @@ async def test_a_burst_claimed_ahead_by_an_instance_killed_before_its_slot_runs_
     )
 
 
-async def set_paused_before(db: Database, paused: bool, slot: float) -> float:
-    """Pause (or resume) every job so that the change commits about 5 ms before ``slot``: the
-    statement is sent that much earlier than the slowest of three rehearsals took (a loaded
-    machine commits in tens of milliseconds). Returns when it committed."""
+async def set_paused_before(db: Database, paused: bool, slot: float, margin: float) -> float:
+    """Pause (or resume) every job so that the change commits about ``margin`` s before
+    ``slot``: the statement is sent that much earlier than the slowest of three rehearsals took
+    (a loaded machine commits in tens of milliseconds). Returns when it committed."""
     took = 0.0
     for _ in range(3):
         began = time.time()
         async with db.transaction() as conn:
             await conn.execute(update(jobs).values(paused=jobs.c.paused))
         took = max(took, time.time() - began)
-    await asyncio.to_thread(sleep_until, slot - took - 0.005)
+    await asyncio.to_thread(sleep_until, slot - took - margin)
     async with db.transaction() as conn:
         await conn.execute(update(jobs).values(paused=paused))
     return time.time()
@@ -192,10 +192,12 @@ async def set_paused_before(db: Database, paused: bool, slot: float) -> float:
 async def toggle_before_a_slot(db: Database, paused: bool) -> tuple[float, float]:
     """Pause or resume every job ~5 ms before a slot: the slot and when the change committed.
     A change that commits after its slot (the jobs' rows were locked by a claim for longer
-    than the rehearsals took) judges nothing: it is undone and a later slot aimed at."""
-    for _ in range(4):
+    than the rehearsals took, or the machine was busy) judges nothing: it is undone and a later
+    slot aimed at, each time twice as early (5, 10, 20 ... 160 ms: all well inside the second
+    a burst is claimed ahead)."""
+    for attempt in range(6):
         slot = next_slot(time.time() + 1.0)
-        committed = await set_paused_before(db, paused, slot)
+        committed = await set_paused_before(db, paused, slot, 0.005 * 2**attempt)
         if committed < slot:
             return slot, committed
         async with db.transaction() as conn:
