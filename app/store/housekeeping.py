@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, func, literal, select, union_all
+from sqlalchemy import CompoundSelect, Select, func, literal, select, union_all
 
 from app.store import leadership, markers
 from app.store.database import Database
@@ -51,6 +51,14 @@ def _looks(db: Database, *, silent_before: datetime, overdue_before: datetime) -
     ]
 
 
+async def _counts(
+    db: Database, query: CompoundSelect[Any], now: datetime, *, write: bool
+) -> dict[str, int]:
+    """Run the union of counts in autocommit: each part's ``what`` and its count."""
+    async with db.alone(write=write) as conn:
+        return {row.what: int(row.n) for row in await conn.execute(query, {"p_now": now})}
+
+
 def _pending(counts: dict[str, int]) -> Pending:
     return Pending(counts["lapsed"], counts["silent"], counts["overdue"], counts["unstarted"])
 
@@ -59,9 +67,7 @@ async def pending(
     db: Database, *, now: datetime, silent_before: datetime, overdue_before: datetime
 ) -> Pending:
     query = union_all(*_looks(db, silent_before=silent_before, overdue_before=overdue_before))
-    async with db.alone(write=False) as conn:
-        counts = {row.what: int(row.n) for row in await conn.execute(query, {"p_now": now})}
-    return _pending(counts)
+    return _pending(await _counts(db, query, now, write=False))
 
 
 async def renew_and_look(
@@ -92,6 +98,5 @@ async def renew_and_look(
         *_looks(db, silent_before=silent_before, overdue_before=overdue_before),
         select(literal("renewed"), func.count()).select_from(renewed),
     )
-    async with db.alone(write=True) as conn:
-        counts = {row.what: int(row.n) for row in await conn.execute(query, {"p_now": now})}
+    counts = await _counts(db, query, now, write=True)
     return _pending(counts) if counts["renewed"] else None
