@@ -274,6 +274,7 @@ class Burst:
                     forbid_overlap=False,
                     missed_reason=misfire.missed_reason(job, late[k], now),
                     check_gap=False,
+                    fingerprint=self.claimer.fingerprint(job),
                 )
                 for job, late in missed
                 if k < len(late)
@@ -301,4 +302,5 @@ class Burst:
             lease_ms=job.lease_ms(self.claimer.default_lease),
             forbid_overlap=job.overlap == "forbid",
             check_gap=check_gap,
+            fingerprint=self.claimer.fingerprint(job),
         )

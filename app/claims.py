@@ -100,7 +100,7 @@ class Claimer:
                     following=following,
                     missed_reason=missed_reason,
                     check_gap=check_gap,
-                    fingerprint=self.fingerprint(job.name),
+                    fingerprint=self.fingerprint(job),
                     # A jittered run's body starts later: its start is stamped then.
                     started=not job.jitter,
                 )
@@ -164,7 +164,6 @@ class Claimer:
                     pending,
                     instance_id=self.instance_id,
                     now=self.clock.now(),
-                    fingerprints=self.supersession.fingerprints if self.supersession else None,
                 )
             except RowBusy:  # SQLite: another process is writing
                 self.outage.recovered()
@@ -215,9 +214,15 @@ class Claimer:
         result.held = pending
         return result
 
-    def fingerprint(self, job_name: str) -> str | None:
-        """The schedule fingerprint this instance's claims of the job present (None: none)."""
-        return self.supersession.fingerprints.get(job_name) if self.supersession else None
+    def fingerprint(self, job: Job) -> str | None:
+        """What this instance's claims of ``job`` present as the schedule they fire, refused
+        if another is in force: a runtime schedule's version, the one this job was built from
+        (:class:`app.runtime.ScheduledJob`); a code job's fingerprint as registered. None:
+        none."""
+        mark: str | None = getattr(job, "mark", None)
+        if mark is not None:
+            return mark
+        return self.supersession.fingerprints.get(job.name) if self.supersession else None
 
     def _recorded(self, claim: Claim) -> None:
         tracing.claimed(claim)

@@ -341,7 +341,7 @@ class Firing:
             following=self.schedules[job.name].next_after(passed.last),
             trigger=job.trigger,
             reason=passed.reason,
-            fingerprint=self.claimer.fingerprint(job.name),
+            fingerprint=self.claimer.fingerprint(job),
         )
 
     def _passed_over(

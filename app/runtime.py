@@ -72,11 +72,14 @@ _OPTIONS = frozenset(_FIELDS) - {"name", "func", "kind", "expression"}
 @dataclass(frozen=True, eq=False)
 class ScheduledJob(Job):
     """A runtime schedule as a job: ``name`` is its id. ``version`` is the row's ``updated_at``
-    (a new one replaces what is held); ``plan`` its slots."""
+    (a new one replaces what is held); ``plan`` its slots; ``mark`` the version its claims
+    present (:func:`app.store.schedules.version_mark`; "" for a row written before marks, which
+    is refused once a write gives it one)."""
 
     plan: Schedule | None = None
     version: datetime | None = None
     task: str = ""
+    mark: str = ""
 
 
 def _with_params(task: Job, params: dict[str, Any]) -> JobFunc:
@@ -107,7 +110,7 @@ def scheduled_job(row: Any, task: Job) -> ScheduledJob:
         timezone=row.timezone,
         takes_context=True,
     )
-    job = ScheduledJob(**values, version=row.updated_at, task=row.task)
+    job = ScheduledJob(**values, version=row.updated_at, task=row.task, mark=row.fingerprint or "")
     # Its plan set on the new object, not by ``replace``: building a job twice was most of
     # loading 100,000 schedules. (Cron plans are shared by expression: app.slots.shared.)
     object.__setattr__(job, "plan", job.schedule())
@@ -337,14 +340,15 @@ class Runtime(Role):
 
     def _stale(self, name: str, row: Any, now: datetime) -> bool:
         """Whether what is held of schedule ``name`` must be built again from its row (None:
-        removed; else at least ``task``, ``updated_at`` and ``next_slot_at``): dropped here if
-        the row says it is no longer to be held."""
+        removed; else at least ``task``, ``updated_at``, ``next_slot_at`` and ``fingerprint``):
+        dropped here if the row says it is no longer to be held."""
         planner = self.planner
         held = planner.current.get(name)
         if row is None or row.task not in self.tasks or row.next_slot_at is None:
             planner.drop(name)
             return False
-        if held is not None and held.version == row.updated_at:
+        version = (row.updated_at, row.fingerprint or "")
+        if held is not None and (held.version, held.mark) == version:
             return False
         slot: datetime = row.next_slot_at
         if slot >= now + self.horizon:
@@ -363,6 +367,12 @@ class Runtime(Role):
         self.schedules.hold(job)
         self.planner.admit(job, row.next_slot_at)
         self.loaded += 1
+
+    def reread(self, names: list[str]) -> None:
+        """Read these schedules again by id: a claim of one was refused for presenting a version
+        another write has replaced (its announcement not heard yet, or lost)."""
+        self._reread.update(names)
+        self._wake.set()
 
     async def resolve(self, name: str) -> Job | None:
         """The job of schedule ``name`` if its task is registered here (a queued run of a

@@ -149,6 +149,7 @@ class Service:
             pool_size=settings.pool_size,
             lease=settings.lease_seconds,
         )
+        self.supersession.changed = self.runtime.reread
         shortest_lease = min(
             [job.lease_seconds(settings.lease_seconds) for job in self.jobs]
             + [settings.lease_seconds]

@@ -9,12 +9,16 @@ read is spent on learning it: the claim already reads the row.
 A refused job is *superseded* here: logged once at WARNING, written to the job row's
 ``superseded`` (``slotcron jobs --json`` shows it while this instance lives), and never fired
 again by this instance until it stops or registers the job again.
+
+A runtime schedule's claims present its version instead (:func:`app.store.schedules.version_mark`):
+one refused was updated since this instance read it. It is not superseded: it is read again
+(:attr:`Supersession.changed`), and fired from then on in the version in force.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from sqlalchemy import select, update
 
@@ -34,15 +38,24 @@ class Supersession:
         self.fingerprints: dict[str, str] = {}
         """The fingerprint each claim of a job presents (set at registration)."""
         self.superseded: set[str] = set()
+        self.changed: Callable[[list[str]], None] = lambda names: None
+        """Set by the service: read again these runtime schedules, refused for presenting a
+        version another write has replaced."""
 
     def registered(self, fingerprints: Mapping[str, str]) -> None:
         """This instance (re)registered its jobs: their supersession ends."""
         self.fingerprints.update(fingerprints)
         self.superseded -= set(fingerprints)
 
-    async def refused(self, names: Iterable[str]) -> None:
-        """Claims of ``names`` were refused: a newer registration's schedule is in force."""
-        new = sorted(set(names) - self.superseded)
+    async def refused(self, names: Collection[str]) -> None:
+        """Claims of ``names`` were refused: a newer registration's schedule is in force (a
+        code job's), or a newer version of a runtime schedule (read again)."""
+        code = {n for n in names if n in self.fingerprints}
+        updated = sorted(set(names) - code)
+        if updated:
+            log.debug("schedules updated since this instance read them: %s", ", ".join(updated))
+            self.changed(updated)
+        new = sorted(code - self.superseded)
         if not new:
             return
         self.superseded.update(new)

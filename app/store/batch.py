@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import secrets
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -164,6 +163,9 @@ class Due:
     """Record the slot ``MISSED`` with this reason instead of running it (misfire)."""
     check_gap: bool = True
     """False when deciding late slots in order: earlier ones were passed over on purpose."""
+    fingerprint: str | None = None
+    """The schedule the claimer fires (:func:`app.store.claims.judge`): refused if another is in
+    force. None presents none."""
 
 
 @dataclass
@@ -183,8 +185,8 @@ class Decided:
     expected: dict[str, datetime] = field(default_factory=dict)
     """Of each ``undecided`` job, the first slot never decided."""
     superseded: set[str] = field(default_factory=set)
-    """Jobs whose schedule in force is not the claimer's (also in ``taken``: not decided here,
-    ever, until this instance registers them again)."""
+    """Jobs whose schedule in force is not the claimer's (also in ``taken``: not decided by this
+    claim; :meth:`app.supersession.Supersession.refused` says what follows)."""
     start_keys: dict[str, str] = field(default_factory=dict)
     """Of each job whose run was claimed ahead, the key its start marker is inserted under at
     the slot (:mod:`app.store.markers`): one key per slot and :data:`MARKER_RUNS` runs
@@ -197,7 +199,6 @@ async def claim_many(
     *,
     instance_id: str,
     now: datetime,
-    fingerprints: Mapping[str, str] | None = None,
 ) -> Decided:
     """Decide every item's slot by the rules of the single claim, in one transaction.
 
@@ -218,7 +219,7 @@ async def claim_many(
         async with db.transaction(nowait=True) as conn:
             locked = await _lock(conn, sql, by_name, decided)
             holders = await _holders(conn, sql, locked, by_name, now)
-            plan = _judge_all(locked, by_name, holders, now, decided, fingerprints or {})
+            plan = _judge_all(locked, by_name, holders, now, decided)
             ids, tokens, keys = await _write(conn, sql, plan, instance_id, now)
     except IntegrityError:
         # Only a claimer that skipped our locks could collide: let each job retry on its own.
@@ -290,7 +291,6 @@ def _judge_all(
     holders: dict[str, Any],
     now: datetime,
     decided: Decided,
-    fingerprints: Mapping[str, str],
 ) -> _Plan:
     plan = _Plan()
     for name, row in locked.items():
@@ -303,7 +303,7 @@ def _judge_all(
             missed_reason=item.missed_reason,
             holder=holders.get(name),
             may_defer=True,
-            fingerprint=fingerprints.get(name),
+            fingerprint=item.fingerprint,
         )
         if verdict.fate is Fate.SUPERSEDED:
             decided.superseded.add(name)

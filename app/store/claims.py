@@ -83,7 +83,8 @@ class Fate(Enum):
     TAKEN = "taken"
     """Already decided by someone else: the slot is closed."""
     SUPERSEDED = "superseded"
-    """The claimer's schedule is not the one in force: a newer registration changed it."""
+    """The claimer's schedule is not the one in force: a newer registration, or a runtime
+    schedule's update, changed it."""
     UNDECIDED = "undecided"
     """Earlier slots of the job were never decided: they go to the misfire path first."""
     DEFERRED = "deferred"
@@ -115,8 +116,11 @@ def judge(
     """The claim rules, once for every path: ``row`` is the job's locked row (``paused``,
     ``paused_reason``, ``last_slot_at``, ``next_slot_at``, and ``fingerprint`` when the
     claimer presents one), ``holder`` the run holding the job's lease (``forbid`` jobs only;
-    None if none). A claimer presenting another ``fingerprint`` than the row's was superseded
-    by a newer registration: refused, whatever the slot (issue 12, item 5)."""
+    None if none). A claimer presenting another ``fingerprint`` than the row's fires a schedule
+    no longer in force: refused, whatever the slot. For a code job that is a newer registration
+    (issue 12, item 5); for a runtime schedule, a write committed since the claimer read it
+    (:data:`app.store.schedules.version_mark`): an update is in force for every claim after its
+    commit, whether the claimer has heard of it yet or not."""
     if fingerprint is not None and row.fingerprint not in (None, fingerprint):
         return Verdict(Fate.SUPERSEDED)
     if row.last_slot_at is not None and row.last_slot_at >= slot:

@@ -34,11 +34,18 @@ _DUE_COLUMNS = (
     jobs.c.jitter,
     jobs.c.updated_at,
     jobs.c.next_slot_at,
+    jobs.c.fingerprint,
 )
 
-_RANGE_COLUMNS = (jobs.c.name, jobs.c.task, jobs.c.updated_at, jobs.c.next_slot_at)
+_RANGE_COLUMNS = (
+    jobs.c.name,
+    jobs.c.task,
+    jobs.c.updated_at,
+    jobs.c.next_slot_at,
+    jobs.c.fingerprint,
+)
 """What the horizon's range read returns: enough to tell whether a schedule is held already
-(its version), not its params or options: every refresh reads again the schedules held, and
+(its version and mark), not its params or options: every refresh reads again the schedules held, and
 decoding their JSON each time cost seconds for 100,000 (while their burst was being claimed)."""
 
 _AFTER = bindparam("p_after", type_=UTCDateTime())
@@ -66,8 +73,8 @@ async def due_before(
     """Pages of the schedules of ``task_names`` whose next slot is before ``before`` (overdue
     ones included), in slot order: a range read on the ``next_slot_at`` index, keyset-paged so
     no statement holds more than ``page`` rows. Each row has ``name``, ``task``,
-    ``updated_at`` and ``next_slot_at`` only: the rest of those not held yet is read by
-    :func:`by_ids`."""
+    ``updated_at``, ``next_slot_at`` and ``fingerprint`` only: the rest of those not held yet
+    is read by :func:`by_ids`."""
     if not task_names:
         return
     params: dict[str, Any] = {"p_tasks": list(task_names), "p_before": before, "p_limit": page}

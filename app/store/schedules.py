@@ -139,6 +139,15 @@ async def known_tasks(
 # Writes
 
 
+def version_mark() -> str:
+    """A runtime schedule's version, new with each write that creates or updates it, kept in
+    the row's ``fingerprint`` (a code job's holds its schedule's :mod:`app.fingerprint`): what
+    an instance's claims of the schedule present, refused once another is in force
+    (:func:`app.store.claims.judge`). Random, not the write's time: two writes in the same
+    microsecond (a test's clock) are still two versions."""
+    return f"v:{uuid.uuid4().hex[:16]}"
+
+
 async def create(
     db: Database,
     items: Sequence[Mapping[str, Any]],
@@ -207,7 +216,8 @@ async def add_many(
     alone = len(records) in PAGES
     try:
         async with db.alone(write=True) if alone else db.transaction() as conn:
-            await _insert(conn, [_row(r, tasks[r.spec.task], by) for r in records])
+            mark = version_mark()
+            await _insert(conn, [_row(r, tasks[r.spec.task], by, mark) for r in records])
             earliest = min((r.next_slot for r in records if r.next_slot is not None), default=None)
             if _soon(earliest, now):
                 await _announce(db, conn, f"add {iso(earliest)}", now)
@@ -234,6 +244,7 @@ _INSERTED = (
     jobs.c.updated_at,
     jobs.c.updated_by,
     jobs.c.fencing_token,
+    jobs.c.fingerprint,
 )
 """The columns a new schedule sets; the others keep their defaults (NULL)."""
 PAGES = (256, 64, 16, 4, 1)
@@ -242,7 +253,7 @@ five statements, each once (compiling costs by the row: a 1,000-row page cost a 
 more than the 4 times as many round trips of 256-row pages)."""
 
 
-def _row(record: ScheduleRecord, task: TaskInfo, by: str) -> tuple[Any, ...]:
+def _row(record: ScheduleRecord, task: TaskInfo, by: str, mark: str) -> tuple[Any, ...]:
     spec = record.spec
     return (
         spec.id,
@@ -259,6 +270,7 @@ def _row(record: ScheduleRecord, task: TaskInfo, by: str) -> tuple[Any, ...]:
         record.updated_at,
         by,
         0,
+        mark,
     )
 
 
@@ -330,7 +342,11 @@ async def update(
 ) -> ScheduleRecord:
     """Apply ``changes`` (:data:`app.schedules.CHANGEABLE`) to a schedule. A new timing takes
     effect from its first slot after both now and the last slot decided (a decided slot is
-    never re-opened); otherwise the next slot stays. A code job is refused (:class:`Refused`)."""
+    never re-opened); otherwise the next slot stays. A code job is refused (:class:`Refused`).
+
+    The row gets a new :func:`version_mark`: from its commit, a claim presenting the one it
+    replaces (an instance that has not heard of the update yet) is refused under the row lock,
+    so the old timing and params decide no slot after the commit."""
     async with db.transaction() as conn:
         row = await _locked(conn, schedule_id)
         current = _record(row)
@@ -352,6 +368,7 @@ async def update(
                 next_slot_at=next_slot,
                 updated_at=now,
                 updated_by=by,
+                fingerprint=version_mark(),
             )
         )
         if _soon(current.next_slot, now) or _soon(next_slot, now):

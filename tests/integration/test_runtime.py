@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app import JobContext
 from app.clock import ManualClock
@@ -21,8 +21,9 @@ from app.schedules import ScheduleRecord
 from app.service import Service
 from app.store import due, operations
 from app.store import schedules as store
+from app.store.batch import Due
 from app.store.database import Database
-from app.store.tables import executions
+from app.store.tables import executions, jobs
 from tests.conftest import make_settings, wait_for
 
 T0 = datetime(2026, 11, 22, 0, 0, 0, 500000, tzinfo=UTC)
@@ -182,6 +183,72 @@ async def test_a_removed_schedules_slot_cannot_be_claimed(db: Database, start: S
     await store.remove(db, "tenant-4", now=clock.now())
     assert await service.firing.claim(job, at(10), trigger="interval") is None
     assert await outcomes(db, "tenant-4") == {}
+
+
+async def test_a_claim_presenting_the_version_an_update_replaced_decides_nothing(
+    db: Database, start: Start
+) -> None:
+    """An update is in force for every claim after its commit, heard of or not: an instance
+    whose announcement is late still holds the old version, and its claim of a slot of the old
+    timing decides nothing, alone or in a batch, under the row lock. It reads the schedule
+    again instead (it is not superseded), and fires the new version from its first slot."""
+    ran: Ran = []
+    registry = report_task(ran)
+    clock = ManualClock(T0)
+    await add(db, registry, T0, id="tenant-6", every=10, params={"v": 1})
+    await add(db, registry, T0, id="tenant-7", every=10, params={"v": 1})
+    async with db.transaction() as conn:  # a row written before versions were marked
+        await conn.execute(update(jobs).where(jobs.c.name == "tenant-7").values(fingerprint=None))
+    service = await start(registry, clock)
+    old = {name: await service.runtime.resolve(name) for name in ("tenant-6", "tenant-7")}
+    reread: list[str] = []
+    service.supersession.changed = reread.extend
+    await clock.set(at(12))
+    await wait_for(lambda: len(ran) == 2, what="the :10 slots")
+    for name in old:
+        updated = await store.update(
+            db, name, {"every": 30, "params": {"v": 2}}, now=clock.now(), by="test"
+        )
+        assert updated.next_slot == at(30)  # :20 is a slot of the old timing only
+
+    tenant_6, tenant_7 = old["tenant-6"], old["tenant-7"]
+    assert tenant_6 is not None and tenant_7 is not None
+    assert await service.firing.claim(tenant_6, at(20), trigger="interval") is None
+    lone = Due(
+        job_name="tenant-7",
+        slot=at(20),
+        following=at(30),
+        trigger="interval",
+        lease_ms=60_000,
+        forbid_overlap=True,
+        fingerprint=service.claimer.fingerprint(tenant_7),
+    )
+    decided = await service.claimer.claim_many([lone], give_up_at=at(21))
+    assert decided.claims == {} and decided.taken == {"tenant-7"}
+    assert reread == ["tenant-6", "tenant-7"]
+    assert not service.supersession.superseded
+    for name in old:
+        assert at(20).isoformat() not in await outcomes(db, name)
+
+    service.supersession.changed = service.runtime.reread
+    service.runtime.reread(["tenant-6", "tenant-7"])
+
+    def renewed() -> bool:
+        return all(
+            getattr(held(service, job.name), "mark", "") not in ("", job.mark)
+            for job in (tenant_6, tenant_7)
+        )
+
+    await wait_for(renewed, what="the new versions held")
+    await clock.set(at(20))
+    await clock.set(at(30))
+    await wait_for(lambda: len(ran) == 4, what="the :30 slots")
+    assert sorted(ran) == [
+        ("tenant-6", at(10), {"v": 1}),
+        ("tenant-6", at(30), {"v": 2}),
+        ("tenant-7", at(10), {"v": 1}),
+        ("tenant-7", at(30), {"v": 2}),
+    ]
 
 
 async def test_a_paused_schedule_records_its_slots_skipped_until_resumed(
