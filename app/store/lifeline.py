@@ -20,7 +20,7 @@ from app.errors import ConfigError
 from app.store import markers
 from app.store.database import Database
 from app.store.dialects import Dialect
-from app.store.tables import executions, instances, jobs
+from app.store.tables import executions, guard, instances, jobs
 from app.version import __version__
 
 log = logging.getLogger("slotcron.service")
@@ -213,7 +213,7 @@ async def hand_back(
         return set()
     unstarted = (
         executions.c.id.in_(execution_ids),
-        executions.c.status == "RUNNING",
+        guard(executions.c.status) == "RUNNING",
         executions.c.started_at.is_(None),
         which,
     ) + (() if marked_too else (markers.started_at().is_(None),))

@@ -42,7 +42,7 @@ from app.status import Status
 from app.store.database import Database, now_in_sql
 from app.store.dialects import Dialect
 from app.store.starts import SCHEDULED, paused_reason
-from app.store.tables import UTCDateTime, executions, jobs, start_markers
+from app.store.tables import UTCDateTime, executions, guard, jobs, start_markers
 
 
 def started_at() -> ColumnElement[Any]:
@@ -80,9 +80,9 @@ def _mark(dialect: Dialect, server_clock: bool) -> _Mark:
     chunk = dialect.among(executions.c.id, "p_ids", executions.c.id.type)
     mine = and_(
         chunk,
-        executions.c.start_key == key,
-        executions.c.status == Status.RUNNING.value,
-        executions.c.instance_id == me,
+        guard(executions.c.start_key) == key,
+        guard(executions.c.status) == Status.RUNNING.value,
+        guard(executions.c.instance_id) == me,
     )
     # The marker goes in only once the slot has come by the database's clock, and while the
     # chunk's leases are live: their first lapse as claimed (``p_lease_until``; renewals only

@@ -13,7 +13,7 @@ from app.status import Status
 from app.store.claims import Claim
 from app.store.database import Database, now_in_sql
 from app.store.dialects import Dialect
-from app.store.tables import UTCDateTime, executions, jobs
+from app.store.tables import UTCDateTime, executions, guard, jobs
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def _take_many(dialect: Dialect, server_clock: bool) -> _TakeMany:
             executions.c.lease_until > now_in_sql(dialect, server_clock),
         ),
         start=update(executions)
-        .where(ids, executions.c.status == Status.QUEUED)
+        .where(ids, guard(executions.c.status) == Status.QUEUED.value)
         .values(
             status=Status.RUNNING,
             instance_id=bindparam("p_instance"),
@@ -96,8 +96,8 @@ def _take_many(dialect: Dialect, server_clock: bool) -> _TakeMany:
         ),
         read=select(executions).where(
             ids,
-            executions.c.status == Status.RUNNING,
-            executions.c.instance_id == bindparam("p_instance"),
+            guard(executions.c.status) == Status.RUNNING.value,
+            guard(executions.c.instance_id) == bindparam("p_instance"),
         ),
         advance=update(jobs).where(names).values(fencing_token=jobs.c.fencing_token + 1),
     )

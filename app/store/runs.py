@@ -20,7 +20,7 @@ from app.store import markers
 from app.store.database import Database
 from app.store.dialects import Dialect
 from app.store.lifeline import queue_retry
-from app.store.tables import UTCDateTime, executions, instances
+from app.store.tables import UTCDateTime, executions, guard, instances
 
 
 class IncarnationLost(Exception):
@@ -87,8 +87,8 @@ def _finish(dialect: Dialect) -> _Finish:
     ids = dialect.among(executions.c.id, "p_ids", executions.c.id.type)
     mine = (
         ids,
-        executions.c.status == "RUNNING",
-        executions.c.instance_id == bindparam("p_instance"),
+        guard(executions.c.status) == "RUNNING",
+        guard(executions.c.instance_id) == bindparam("p_instance"),
     )
     now = bindparam("p_now", type_=UTCDateTime())
     values = {
@@ -170,8 +170,8 @@ async def stop_all(
             update(executions)
             .where(
                 executions.c.id.in_(ids),
-                executions.c.status == "RUNNING",
-                executions.c.instance_id == instance_id,
+                guard(executions.c.status) == "RUNNING",
+                guard(executions.c.instance_id) == instance_id,
             )
             .values(
                 status="STOPPED",
@@ -256,8 +256,12 @@ async def renew(
     # never revived, since another instance may already have judged its run ABANDONED.
     mine = [executions.c.instance_id == instance_id, executions.c.status == "RUNNING"]
     params: dict[str, Any] = {"p_now": now}
-    if ours is not None:
-        mine.append(db.dialect.among(executions.c.id, "p_ours", executions.c.id.type))
+    if ours is not None:  # found by id: the instance and the status only guard them
+        mine = [
+            db.dialect.among(executions.c.id, "p_ours", executions.c.id.type),
+            guard(executions.c.instance_id) == instance_id,
+            guard(executions.c.status) == "RUNNING",
+        ]
         params["p_ours"] = list(ours)
     async with db.transaction() as conn:
         for lease_ms, expected in lease_counts.items():

@@ -26,7 +26,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from app.status import Status, Trigger
 from app.store.database import Database, now_in_sql
 from app.store.dialects import Dialect
-from app.store.tables import UTCDateTime, executions, jobs
+from app.store.tables import UTCDateTime, executions, guard, jobs
 
 SCHEDULED = (Trigger.CRON.value, Trigger.INTERVAL.value, Trigger.CATCHUP.value)
 """The triggers a pause stops. A manual run, a restart or a retry was asked for: it runs."""
@@ -63,8 +63,8 @@ def _start(dialect: Dialect, server_clock: bool) -> _Start:
         .where(
             ids,
             executions.c.job_name == jobs.c.name,
-            executions.c.status == Status.RUNNING.value,
-            executions.c.instance_id == bindparam("p_instance"),
+            guard(executions.c.status) == Status.RUNNING.value,
+            guard(executions.c.instance_id) == bindparam("p_instance"),
             executions.c.lease_until > db_now,
             executions.c.scheduled_at <= db_now,
         )

@@ -10,6 +10,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    ColumnElement,
     DateTime,
     Float,
     Index,
@@ -19,6 +20,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    literal,
 )
 from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.engine import Dialect
@@ -161,6 +163,18 @@ executions = Table(
     Index("ix_scheduler_executions_slot_id", "scheduled_at", "id"),
     Index("ix_scheduler_executions_start_key", "start_key"),
 )
+
+
+def guard(column: ColumnElement[str]) -> ColumnElement[str]:
+    """``column`` as an expression that no index serves, for a condition that only guards the
+    rows a statement finds by id (still ``RUNNING``, still this instance's).
+
+    Left bare, it lets the planner read the rows off ``(instance_id, status)`` instead of by
+    id, and at a burst it does: statistics from before the burst say an instance has a few
+    ``RUNNING`` rows when it has 100,000, and a prepared statement's generic plan then filters
+    all of them for every write of 1,000 (760 ms against 2 ms by id, PostgreSQL)."""
+    return column + literal("", String())
+
 
 # The start of a chunk of runs claimed ahead of their slot (app.store.starts): one row written
 # at the slot stands for every run of the chunk, instead of one write per run. Its key is
