@@ -96,13 +96,14 @@ async def due_before(
 async def by_ids(db: Database, ids: Sequence[str]) -> dict[str, Any]:
     """The rows of these schedules that still exist, by id (a removed one is absent)."""
     found: dict[str, Any] = {}
+    # One list parameter (one array on PostgreSQL): a literal IN list is rendered element by
+    # element at every execution, and loading 100,000 schedules spent a third of its CPU so.
+    statement = select(*_DUE_COLUMNS).where(
+        db.dialect.among(jobs.c.name, "p_ids", String()), jobs.c.task.is_not(None)
+    )
     for start in range(0, len(ids), CHUNK):
         async with db.alone(write=False) as conn:
-            rows = await conn.execute(
-                select(*_DUE_COLUMNS).where(
-                    jobs.c.name.in_(ids[start : start + CHUNK]), jobs.c.task.is_not(None)
-                )
-            )
+            rows = await conn.execute(statement, {"p_ids": list(ids[start : start + CHUNK])})
             found.update((row.name, row) for row in rows)
     return found
 
