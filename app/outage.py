@@ -46,6 +46,10 @@ class Outage:
         return self.since is not None
 
     def failed(self, exc: BaseException, doing: str) -> None:
+        """Count a failed database call; the first of an outage is logged. Raises
+        ``CancelledError`` instead when the calling task is being cancelled: see
+        :func:`_resume_cancellation`."""
+        _resume_cancellation(exc)
         self.failures += 1
         self.errors += 1
         if self.since is None:
@@ -103,3 +107,17 @@ def describe(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None) or exc
     text = f"{type(orig).__name__}: {orig}".splitlines()[0]
     return mask_url_text(text)[:300]
+
+
+def _resume_cancellation(exc: BaseException) -> None:
+    """A database call cancelled midway (a stop cancelling a role's loop) can come back as the
+    driver's own error: taken for an outage, the loop slept on, still cancelling, and the stop
+    waited for it forever (a MariaDB leader, seen in a full run). A task being cancelled gets
+    its cancellation back. (``asyncio.timeout`` takes back the cancellations it makes, so a
+    deadline of ours stays an outage.)"""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from exc

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 from app import roles
 from app.clock import ManualClock
+from app.outage import DB_ERRORS
 from app.roles import Collaborators, Role
 from app.store.database import Database
 from tests.conftest import wait_for
@@ -113,3 +115,48 @@ async def test_stopping_a_role_that_must_finish_its_step_waits_for_it(
     await asyncio.sleep(0.02)
     await role.stop()
     assert role.finished_step and role.released
+
+
+async def test_a_stop_whose_cancellation_a_driver_turned_into_its_own_error_still_ends_the_loop(
+    shared: Collaborators,
+) -> None:
+    """A MariaDB leader hung a full run's teardown: the stop's cancellation landed inside a
+    database call, came back as the driver's error, and the loop took it for an outage and slept
+    on, still cancelling, while the stop waited for it."""
+
+    class Housekeeping(Role):
+        """Shaped like the leader's loop: a database call whose errors are an outage, then a
+        sleep. Its call turns a cancellation into the driver's own error."""
+
+        name = "housekeeping"
+
+        def __init__(self, shared: Collaborators) -> None:
+            super().__init__(shared)
+            self.in_call = asyncio.Event()
+            self.slept_on = False
+
+        async def _call(self) -> None:
+            self.in_call.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                raise OperationalError(
+                    "SELECT 1", None, Exception("Lost connection to server during query")
+                ) from None
+
+        async def run(self) -> None:
+            while True:
+                try:
+                    await self._call()
+                except DB_ERRORS as exc:
+                    self.outage.failed(exc, "doing cluster housekeeping")
+                self.slept_on = True
+                await self.clock.sleep(20)
+
+    role = Housekeeping(shared)
+    role.start()
+    await asyncio.wait_for(role.in_call.wait(), 5)
+    await asyncio.wait_for(role.stop(), 5)  # before: waited forever
+    assert not role.slept_on
+    assert role.outage.failures == 0  # a stop, not an outage
+
