@@ -159,4 +159,3 @@ async def test_a_stop_whose_cancellation_a_driver_turned_into_its_own_error_stil
     await asyncio.wait_for(role.stop(), 5)  # before: waited forever
     assert not role.slept_on
     assert role.outage.failures == 0  # a stop, not an outage
-
