@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from app import alerts, tracing
 from app.errors import RowBusy, SlotTaken, Superseded
 from app.logs import run_fields
-from app.outage import DB_ERRORS, Backoff
+from app.outage import DB_ERRORS, Backoff, resume_cancellation
 from app.registry import Job
 from app.roles import Collaborators
 from app.status import Status
@@ -205,7 +205,8 @@ class Claimer:
             await asyncio.sleep(min(random.uniform(0.002, 0.006) * tries, 0.05))
             try:
                 open_ = await batch_store.still_open(self.db, pending)
-            except DB_ERRORS:
+            except DB_ERRORS as exc:
+                resume_cancellation(exc)
                 continue
             closed = {i.job_name for i in pending} - {i.job_name for i in open_}
             result.taken |= closed

@@ -9,14 +9,13 @@ time fences the runs it could not renew (:mod:`app.fencing`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 
 from app.clock import DatabaseClock
 from app.inflight import CancelReason, Runs, trusted_until
-from app.outage import DB_ERRORS
+from app.outage import DB_ERRORS, resume_cancellation
 from app.roles import Collaborators, Role
 from app.store import runs as run_store
 from app.store.runs import IncarnationLost
@@ -64,8 +63,10 @@ class Heartbeat(Role):
                 self.clock.wall_stepped() or time.monotonic() - self._last_sync > CLOCK_SYNC_SECONDS
             ):
                 self._last_sync = time.monotonic()
-                with contextlib.suppress(*DB_ERRORS):
+                try:
                     await self.clock.sync(samples=4)
+                except DB_ERRORS as exc:
+                    resume_cancellation(exc)
 
     async def beat(self) -> None:
         if self.id_taken:

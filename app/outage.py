@@ -48,8 +48,8 @@ class Outage:
     def failed(self, exc: BaseException, doing: str) -> None:
         """Count a failed database call; the first of an outage is logged. Raises
         ``CancelledError`` instead when the calling task is being cancelled: see
-        :func:`_resume_cancellation`."""
-        _resume_cancellation(exc)
+        :func:`resume_cancellation`."""
+        resume_cancellation(exc)
         self.failures += 1
         self.errors += 1
         if self.since is None:
@@ -109,12 +109,13 @@ def describe(exc: BaseException) -> str:
     return mask_url_text(text)[:300]
 
 
-def _resume_cancellation(exc: BaseException) -> None:
-    """A database call cancelled midway (a stop cancelling a role's loop) can come back as the
-    driver's own error: taken for an outage, the loop slept on, still cancelling, and the stop
-    waited for it forever (a MariaDB leader, seen in a full run). A task being cancelled gets
-    its cancellation back. (``asyncio.timeout`` takes back the cancellations it makes, so a
-    deadline of ours stays an outage.)"""
+def resume_cancellation(exc: BaseException) -> None:
+    """Call wherever a database error is caught and the loop goes on (:meth:`Outage.failed`
+    does). A database call cancelled midway (a stop cancelling a role's loop) can come back as
+    the driver's own error: taken for an outage, the loop slept on, still cancelling, and the
+    stop waited for it forever (a MariaDB leader, seen in a full run). A task being cancelled
+    gets its cancellation back. (``asyncio.timeout`` takes back the cancellations it makes, so
+    a deadline of ours stays an outage.)"""
     try:
         task = asyncio.current_task()
     except RuntimeError:  # no running loop

@@ -254,9 +254,10 @@ async def renew(
     complete = True
     # Only leases still live are extended (judged by the database's clock): a lapsed lease is
     # never revived, since another instance may already have judged its run ABANDONED.
-    mine = [executions.c.instance_id == instance_id, executions.c.status == "RUNNING"]
     params: dict[str, Any] = {"p_now": now}
-    if ours is not None:  # found by id: the instance and the status only guard them
+    if ours is None:
+        mine = [executions.c.instance_id == instance_id, executions.c.status == "RUNNING"]
+    else:  # found by id: the instance and the status only guard them
         mine = [
             db.dialect.among(executions.c.id, "p_ours", executions.c.id.type),
             guard(executions.c.instance_id) == instance_id,
