@@ -157,6 +157,12 @@ class ManualClock:
     def __init__(self, start: datetime) -> None:
         self._now = start
         self._moved = asyncio.Condition()
+        self._sleepers: list[tuple[str, datetime]] = []
+
+    def asleep(self, task_name: str) -> list[datetime]:
+        """When each task of that name asleep on this clock wakes, earliest first: a test moves
+        the clock to one of them, and no further, to let exactly that sleeper go."""
+        return sorted(when for name, when in self._sleepers if name == task_name)
 
     def now(self) -> datetime:
         return self._now
@@ -168,8 +174,14 @@ class ManualClock:
         await self.sleep_until(self._now + timedelta(seconds=seconds))
 
     async def sleep_until(self, when: datetime, *, precise: bool = False) -> None:
-        async with self._moved:
-            await self._moved.wait_for(lambda: self._now >= when)
+        task = asyncio.current_task()
+        sleeper = (task.get_name() if task else "", when)
+        self._sleepers.append(sleeper)
+        try:
+            async with self._moved:
+                await self._moved.wait_for(lambda: self._now >= when)
+        finally:
+            self._sleepers.remove(sleeper)
 
     async def advance(self, seconds: float) -> None:
         await self.set(self._now + timedelta(seconds=seconds))

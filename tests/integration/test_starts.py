@@ -5,7 +5,6 @@ twice. On every backend, with the manual clock."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -188,13 +187,16 @@ async def test_started_at_is_when_the_body_started_on_every_path(
     await clock.advance(0.001)  # a manual run's slot is its own
     queued = await operations.trigger(db, job="lone", params={}, now=clock.now())
     await wait_for(lambda: "lone manual" in began, what="the manual run")
-    await clock.set(datetime(2026, 11, 22, 0, 0, 15, tzinfo=UTC))  # alone at its slot too
-    for _ in range(30):  # jitter: a random delay of up to 2 s by the manual clock
-        if "jittered" in began:
-            break
-        await asyncio.sleep(0.02)
-        await clock.advance(0.1)
-    assert "jittered" in began
+    slot = datetime(2026, 11, 22, 0, 0, 15, tzinfo=UTC)
+    await clock.set(slot)  # alone at its slot too
+    # Jitter: a random delay of up to 2 s by the manual clock. The clock moves once, to the
+    # end of that delay and no further, so the start's stamp and the body read the same time.
+    ends = await wait_for(
+        lambda: clock.asleep("slotcron-jittered") or None, what="the jittered run asleep"
+    )
+    assert slot <= ends[0] <= slot + timedelta(seconds=2)
+    await clock.set(ends[0])
+    await wait_for(lambda: "jittered" in began, what="the jittered body")
 
     async def finished() -> list[Any] | None:
         async with db.read() as conn:
