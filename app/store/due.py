@@ -16,8 +16,13 @@ from sqlalchemy import String, and_, bindparam, func, or_, select
 from app.store.database import Database
 from app.store.tables import UTCDateTime, changes, instances, jobs, tasks
 
-PAGE = 1000
-"""Schedules per page of the horizon's range read."""
+PAGE = 20_000
+"""Schedules per page of the horizon's range read (five short columns each). Large: a page
+after the first continues within its slot by id, and a burst's rows share one slot; with
+statistics from before the burst was added (it was, seconds ago), PostgreSQL reads every row
+of the slot left and sorts them for each page, whatever the index (100,000 at once, pages of
+1,000: 100 pages of 60-110 ms, 18 s to load; pages of 20,000: 7.7 s, most of it building the
+jobs)."""
 CHUNK = 1000
 """Ids per ``IN (...)`` list."""
 MAX_TASKS = 10_000

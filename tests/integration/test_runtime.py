@@ -295,6 +295,33 @@ async def test_an_instance_holds_only_the_schedules_due_within_its_horizon(
     assert not any(name.startswith("far-") for name in service.schedule_planner.current)
 
 
+async def test_the_horizon_is_read_in_pages_each_schedule_once_in_slot_order(
+    db: Database,
+) -> None:
+    """Pages of the range read continue where the last ended: within one slot shared by many
+    schedules (a burst) by id, then on to later slots; none read twice, none skipped."""
+    registry = report_task([])
+    items = [{"task": TASK, "id": f"b-{i:02d}", "cron": "10 0 0 * * *"} for i in range(7)]
+    items += [{"task": TASK, "id": f"a-{i:02d}", "cron": "20 0 0 * * *"} for i in range(4)]
+    items += [{"task": OTHER, "id": "not-mine", "cron": "10 0 0 * * *"}]
+    items += [{"task": TASK, "id": "far", "cron": "0 9 * * *"}]
+    other = report_task([], name=OTHER)
+    await store.create(db, items[-2:-1], default_timezone="UTC", by="test", registry=other, now=T0)
+    await store.create(
+        db, items[:-2] + items[-1:], default_timezone="UTC", by="test", registry=registry, now=T0
+    )
+    pages = [
+        [(row.next_slot_at, row.name) for row in rows]
+        async for rows in due.due_before(db, [TASK], at(60), page=3)
+    ]
+    assert [len(p) for p in pages] == [3, 3, 3, 2]
+    read = [entry for p in pages for entry in p]
+    assert read == sorted(read)
+    assert read == [(at(10), f"b-{i:02d}") for i in range(7)] + [
+        (at(20), f"a-{i:02d}") for i in range(4)
+    ]
+
+
 async def test_a_schedule_whose_task_no_instance_has_waits_then_its_misfire_policy_decides(
     db: Database, start: Start, caplog: pytest.LogCaptureFixture
 ) -> None:
