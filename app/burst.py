@@ -12,14 +12,20 @@ are claimed together in turn. Whatever a batch could not decide goes on, one by 
 
 Permits: one is taken per slot before its claim, and given back when its run ends or at once
 when the slot does not run here; a chunk cancelled (shutdown) gives back all of its own.
+
+A burst shared by several instances costs each about its share: every instance cuts the burst
+into the same chunks (by slot and name), takes them in its own order, and once a chunk comes
+back with slots another instance took, reads each later chunk's open slots first (a plain read,
+no lock) and claims only those. Claiming all 100,000 slots of a shared burst, as each instance
+did before, took each of three instances 17-28 s of a 15 s lead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
-import zlib
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
@@ -97,12 +103,15 @@ class Burst:
             self.claiming -= 1
 
     async def _fire_together(self, due: list[tuple[Job, datetime]]) -> None:
+        shared = _Shared()
         if len(due) > BATCH_SIZE:
-            # Each instance starts at its own point of the burst: instances that share it then
-            # claim different chunks, not the same rows in the same order (rows another claimer
-            # holds are skipped, then claimed one by one); they meet only at the end.
-            start = zlib.crc32(self.claimer.instance_id.encode()) % len(due)
-            due = due[start:] + due[:start]
+            # Every instance cuts the same chunks and takes them in its own order: instances
+            # that share the burst claim different chunks, not the same rows in the same order,
+            # and the chunks one took are the ones the others find closed.
+            due = sorted(due, key=lambda d: (d[1], d[0].name))
+            chunks = [due[i : i + BATCH_SIZE] for i in range(0, len(due), BATCH_SIZE)]
+            random.Random(self.claimer.instance_id).shuffle(chunks)
+            due = [entry for chunk in chunks for entry in chunk]
         while due:
             permitted = await self.permits.take_up_to(len(due))
             batch, due = due[:permitted], due[permitted:]
@@ -110,13 +119,17 @@ class Burst:
             # deciding later chunks, and no transaction holds thousands of rows.
             chunks = [batch[i : i + BATCH_SIZE] for i in range(0, len(batch), BATCH_SIZE)]
             began = time.perf_counter()
-            await asyncio.gather(*(self._claim_together(chunk) for chunk in chunks))
+            await asyncio.gather(*(self._claim_together(chunk, shared=shared) for chunk in chunks))
             cost = (time.perf_counter() - began) / len(batch)
             # What the next burst's lead is sized by: recent bursts weigh most.
             self._claim_cost = min(max(0.7 * self._claim_cost + 0.3 * cost, 5e-6), 1e-3)
 
     async def _claim_together(
-        self, batch: list[tuple[Job, datetime]], *, check_gap: bool = True
+        self,
+        batch: list[tuple[Job, datetime]],
+        *,
+        check_gap: bool = True,
+        shared: _Shared | None = None,
     ) -> None:
         """Claim ``batch`` under permits already taken, one per slot."""
         try:
@@ -125,11 +138,13 @@ class Burst:
             self.permits.give_back(len(batch))
             raise
         try:
-            await self._claim_chunk(batch, check_gap)
+            await self._claim_chunk(batch, check_gap, shared or _Shared())
         finally:
             self._chunks.release()
 
-    async def _claim_chunk(self, batch: list[tuple[Job, datetime]], check_gap: bool) -> None:
+    async def _claim_chunk(
+        self, batch: list[tuple[Job, datetime]], check_gap: bool, shared: _Shared
+    ) -> None:
         jobs = {job.name: job for job, _ in batch}
         # Jobs mostly share a few schedules: each one's next slot and grace, once per chunk.
         ends: dict[tuple[int, datetime], datetime] = {}
@@ -145,10 +160,19 @@ class Burst:
             items.append(self._due(job, slot, check_gap, after))
         give_up_at = min(ends.values())
         try:
+            if shared.with_others:
+                # Another instance claims this burst too: only the slots it has not decided.
+                # A read costs a few milliseconds; claiming 500 slots it decided cost this
+                # instance 50-450 ms, for nothing.
+                open_ = await self.claimer.open_among(items)
+                self.permits.give_back(len(items) - len(open_))
+                items = open_
             decided = await self.claimer.claim_many(items, give_up_at=give_up_at)
         except BaseException:
-            self.permits.give_back(len(batch))
+            self.permits.give_back(len(items))
             raise
+        if decided.taken:
+            shared.with_others = True
         ahead: dict[tuple[datetime, str], list[Claim]] = {}
         for name, claim in decided.claims.items():
             if claim.status == Status.RUNNING and not claim.started:
@@ -304,3 +328,10 @@ class Burst:
             check_gap=check_gap,
             fingerprint=self.claimer.fingerprint(job),
         )
+
+
+class _Shared:
+    """What the chunks of one burst learn as they are claimed: whether another instance claims
+    it too (a chunk came back with slots already taken)."""
+
+    with_others = False

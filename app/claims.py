@@ -142,6 +142,17 @@ class Claimer:
             )
         return None
 
+    async def open_among(self, items: list[Due]) -> list[Due]:
+        """The items whose slot no instance has decided yet, by a plain read that locks and
+        writes nothing (all of them when the database cannot say: the claim decides)."""
+        try:
+            open_ = await batch_store.open_among(self.db, items)
+        except DB_ERRORS as exc:
+            resume_cancellation(exc)
+            return items
+        self.stats.taken += len(items) - len(open_)
+        return open_
+
     async def claim_many(self, items: list[Due], *, give_up_at: datetime) -> Decided:
         """Decide many slots together, in one transaction (and retries of held rows).
 

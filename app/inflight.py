@@ -81,6 +81,7 @@ class Runs:
         self._empty.set()
         self._busy = asyncio.Event()
         self._busy_signals: list[threading.Event] = []
+        self._added_earliest = float("inf")
 
     def signal_busy(self, event: threading.Event) -> None:
         """Set ``event`` whenever a run begins with none in flight before it, from the call that
@@ -93,6 +94,7 @@ class Runs:
             for event in self._busy_signals:
                 event.set()
         self._handles[handle.id] = handle
+        self._added_earliest = min(self._added_earliest, handle.deadline)
         self._empty.clear()
         self._busy.set()
 
@@ -102,6 +104,11 @@ class Runs:
         if not self._handles:
             self._empty.set()
             self._busy.clear()
+
+    def earliest_added(self) -> float:
+        """The earliest deadline of the runs added since the last call (infinity if none)."""
+        earliest, self._added_earliest = self._added_earliest, float("inf")
+        return earliest
 
     def __iter__(self) -> Iterator[RunHandle]:
         return iter(list(self._handles.values()))

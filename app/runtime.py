@@ -54,10 +54,12 @@ HORIZON = timedelta(seconds=60)
 (:data:`app.store.schedules.ANNOUNCE_WITHIN`): a write further ahead needs no word."""
 POLL_SECONDS = 1.0
 """How often an instance without notifications looks at the change token."""
-PREPARE_COST = 150e-6
+PREPARE_COST = 200e-6
 """Seconds per runtime schedule's slot due together, to claim it and prepare its run ahead
-(as measured on a 2-core machine, PostgreSQL on loopback, 100,000 at once: a claim's share of
-its chunk, its run's task and context), until the burst measures its own."""
+(a claim's share of its chunk, its run's task and context), until the burst measures its own.
+Measured on 2-core machines, PostgreSQL on loopback, 100,000 at once: 150 us on one; 188 us
+on another (2026-11-24), where a lead of 15 s left the last claims 5 s after the slot, and
+20 s (this figure, at the horizon's third) finished them 2.4 s before it."""
 DEFER_REFRESH_SECONDS = 15.0
 """How long a horizon refresh waits, at most, for a burst being claimed: reading again the
 100,000 schedules of a burst while it is claimed took the CPU its claims needed."""

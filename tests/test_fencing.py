@@ -74,6 +74,30 @@ async def test_a_run_past_its_deadline_is_fenced_and_its_lease_lost_is_set(
     assert run.cancel_reason is CancelReason.FENCED and run.lease_lost.is_set()
 
 
+async def test_a_run_added_after_a_look_is_fenced_at_its_own_deadline_even_if_earlier(
+    clock: ManualClock, shared: Collaborators
+) -> None:
+    """The fencer skips looking at every run until the earliest deadline it knows of has
+    passed; a run added since with an earlier deadline (a shorter lease) is still fenced on
+    time, and a renewed run is looked at again when its old deadline passes."""
+    runs = Runs()
+    long = handle(60_000, sent=clock.monotonic())
+    runs.add(long)
+    fencing = Fencing(shared, runs=runs)
+    assert fencing.fence_expired() == 0  # knows of one deadline: 59 s from now
+    short = handle(3_000, sent=clock.monotonic())
+    object.__setattr__(short.claim, "execution_id", 2)
+    runs.add(short)
+    await clock.advance(2.8)
+    assert fencing.fence_expired() == 1
+    assert short.cancel_reason is CancelReason.FENCED and long.cancel_reason is None
+    long.deadline += 60  # renewed
+    await clock.advance(57)
+    assert fencing.fence_expired() == 0 and long.cancel_reason is None
+    await clock.advance(61)
+    assert fencing.fence_expired() == 1 and long.cancel_reason is CancelReason.FENCED
+
+
 async def test_a_slow_successful_renewal_extends_trust_only_from_when_it_was_sent(
     clock: ManualClock, shared: Collaborators, monkeypatch: pytest.MonkeyPatch
 ) -> None:

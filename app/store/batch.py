@@ -14,7 +14,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, Integer, String, bindparam, insert, literal, select, text, update
+from sqlalchemy import (
+    JSON,
+    Integer,
+    String,
+    bindparam,
+    insert,
+    literal,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -445,6 +456,31 @@ async def still_open(db: Database, items: list[Due]) -> list[Due]:
         )
         high: dict[str, datetime | None] = {row.name: row.last_slot_at for row in rows}
     return [i for i in items if (h := high.get(i.job_name)) is None or h < i.slot]
+
+
+@functools.cache
+def _open_among(dialect: Dialect) -> Any:
+    return select(jobs.c.name).where(
+        dialect.among(jobs.c.name, "p_names", String()),
+        or_(
+            jobs.c.last_slot_at.is_(None), jobs.c.last_slot_at < bindparam("p_slot", UTCDateTime())
+        ),
+    )
+
+
+async def open_among(db: Database, items: list[Due]) -> list[Due]:
+    """The items whose slot is not closed yet and whose job still exists, by a plain read
+    that waits for no lock: the database returns only those (a chunk another instance claimed
+    comes back empty, with nothing to decode)."""
+    by_slot: dict[datetime, list[str]] = {}
+    for item in items:
+        by_slot.setdefault(item.slot, []).append(item.job_name)
+    open_: set[tuple[str, datetime]] = set()
+    async with db.read() as conn:
+        for slot, names in by_slot.items():
+            rows = await conn.execute(_open_among(db.dialect), {"p_names": names, "p_slot": slot})
+            open_.update((name, slot) for name in rows.scalars())
+    return [i for i in items if (i.job_name, i.slot) in open_]
 
 
 async def rehearse(db: Database, conn: AsyncConnection) -> None:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text, update
+from sqlalchemy import func, select, text, update
 
 from app import JobContext, burst
 from app.claims import Claimer
@@ -16,6 +16,7 @@ from app.clock import ManualClock, SystemClock
 from app.errors import RowBusy
 from app.registry import Registry, cron
 from app.roles import Collaborators
+from app.service import Service
 from app.store import batch as batch_store
 from app.store import markers, registrations, starts
 from app.store import runs as run_store
@@ -23,7 +24,7 @@ from app.store.batch import Due
 from app.store.database import Database
 from app.store.registrations import JobRow
 from app.store.tables import executions, jobs
-from tests.conftest import ServiceFactory, wait_for
+from tests.conftest import ServiceFactory, make_settings, wait_for
 from tests.integration.test_claims import hold_job_row
 
 SLOT = datetime(2026, 11, 22, 0, 10, tzinfo=UTC)
@@ -278,6 +279,46 @@ async def test_two_claimers_racing_for_a_burst_decide_each_slot_once(db: Databas
     handed_back = {i.job_name for i in first.held + second.held}
     assert decided | handed_back == set(names)
     assert len(await recorded(db)) == len(decided)
+
+
+async def test_a_burst_another_instance_claimed_costs_this_one_a_read_per_chunk_left(
+    db: Database, db_url: str
+) -> None:
+    """Instances sharing a burst: once a chunk comes back with slots another instance took,
+    each later chunk's open slots are read first (no lock, no write), and only those claimed.
+    Here another instance took the whole burst: the chunks claimed before that was known are
+    the only claim transactions; the others claim nothing, and every permit comes back."""
+    names = [f"shared-{i:04d}" for i in range(4 * burst.BATCH_SIZE)]
+    await register(db, names)
+    for begin in range(0, len(names), burst.BATCH_SIZE):
+        chunk = [due(n) for n in names[begin : begin + burst.BATCH_SIZE]]
+        await batch_store.claim_many(db, chunk, instance_id="other", now=NOW)
+    registry = Registry()
+
+    def make(name: str) -> None:
+        @cron("* * * * *", name=name, registry=registry)
+        async def job() -> None: ...
+
+    for name in names:
+        make(name)
+    settings = make_settings(db_url, instance_id="me", max_concurrency=len(names))
+    service = Service(settings, list(registry), clock=ManualClock(NOW))
+    try:
+        jobs_by_name = {job.name: job for job in service.jobs}
+        await service.planner.burst.fire_together([(jobs_by_name[n], SLOT) for n in names])
+        stats = service.claimer.stats
+        assert stats.batches == burst.CHUNKS_IN_FLIGHT, "a claim transaction per chunk left"
+        assert stats.claims == 0 and stats.taken == len(names)
+        assert await service.firing.permits.take_up_to(len(names)) == len(names)
+    finally:
+        await service.db.close()
+    rows = await recorded(db)
+    assert len(rows) == len(names)
+    async with db.read() as conn:
+        mine = await conn.scalar(
+            select(func.count()).select_from(executions).where(executions.c.instance_id == "me")
+        )
+    assert mine == 0
 
 
 async def test_a_burst_with_a_held_row_still_runs_every_slot_once(
