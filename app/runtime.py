@@ -105,6 +105,8 @@ def _template(task: Job) -> dict[str, Any]:
     if held is None or held[0] is not task:
         values = {name: getattr(task, name) for name in _FIELDS}
         values.update(plan=None, version=None, task="", mark="")
+        # Every field a job is read by, since the job is filled in place (scheduled_job).
+        assert values.keys() == {f.name for f in fields(ScheduledJob)}
         held = _TEMPLATES[id(task)] = (task, values)
     return held[1]
 
