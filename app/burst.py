@@ -160,18 +160,21 @@ class Burst:
             items.append(self._due(job, slot, check_gap, after))
         give_up_at = min(ends.values())
         try:
-            if shared.with_others:
+            if shared.with_others and shared.readable:
                 # Another instance claims this burst too: only the slots it has not decided.
                 # A read costs a few milliseconds; claiming 500 slots it decided cost this
                 # instance 50-450 ms, for nothing.
                 open_ = await self.claimer.open_among(items)
-                self.permits.give_back(len(items) - len(open_))
-                items = open_
+                if open_ is None:  # the database did not say: claim, and read no more
+                    shared.readable = False
+                else:
+                    self.permits.give_back(len(items) - len(open_))
+                    items = open_
             decided = await self.claimer.claim_many(items, give_up_at=give_up_at)
         except BaseException:
             self.permits.give_back(len(items))
             raise
-        if decided.taken:
+        if decided.taken - decided.superseded:
             shared.with_others = True
         ahead: dict[tuple[datetime, str], list[Claim]] = {}
         for name, claim in decided.claims.items():
@@ -335,3 +338,6 @@ class _Shared:
     it too (a chunk came back with slots already taken)."""
 
     with_others = False
+    readable = True
+    """False once a read of open slots failed or hung: the burst's later chunks are claimed
+    without one (a hanging database must not cost each chunk a read's wait on top)."""

@@ -28,6 +28,10 @@ from app.supersession import Supersession
 
 log = logging.getLogger("slotcron.claims")
 
+OPEN_READ_SECONDS = 2.0
+"""How long the read of a chunk's open slots may take (:meth:`Claimer.open_among`): it only
+saves claiming what another instance took, and must not add a hang's wait to the claim's."""
+
 BUSY_DEADLINE = 30.0
 """Seconds a claimer keeps retrying a busy row before leaving the slot to the misfire policy."""
 
@@ -142,14 +146,18 @@ class Claimer:
             )
         return None
 
-    async def open_among(self, items: list[Due]) -> list[Due]:
+    async def open_among(self, items: list[Due]) -> list[Due] | None:
         """The items whose slot no instance has decided yet, by a plain read that locks and
-        writes nothing (all of them when the database cannot say: the claim decides)."""
+        writes nothing; None when the database does not say within :data:`OPEN_READ_SECONDS`
+        (the claims decide, as they would have)."""
         try:
-            open_ = await batch_store.open_among(self.db, items)
+            async with asyncio.timeout(OPEN_READ_SECONDS):
+                open_ = await batch_store.open_among(self.db, items)
         except DB_ERRORS as exc:
             resume_cancellation(exc)
-            return items
+            return None
+        except TimeoutError:
+            return None
         self.stats.taken += len(items) - len(open_)
         return open_
 

@@ -349,9 +349,12 @@ class Runtime(Role):
                 seen.add(row.name)
                 if self._stale(row.name, row, now):
                     wanted.append(row.name)
-            if wanted:  # new, or changed: their whole rows
-                full = await due_store.by_ids(self.db, wanted)
-                for name in wanted:
+            # New, or changed: their whole rows, a thousand at a time (a page holds 20,000,
+            # and building their jobs in one go would hold the loop for half a second).
+            for start in range(0, len(wanted), due_store.CHUNK):
+                some = wanted[start : start + due_store.CHUNK]
+                full = await due_store.by_ids(self.db, some)
+                for name in some:
                     self._apply(name, full.get(name), now)
         missing = [name for name in self.planner.current if name not in seen]
         if missing:

@@ -4,6 +4,7 @@ failures"). Driven here by the manual clock."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -80,19 +81,29 @@ async def test_a_run_added_after_a_look_is_fenced_at_its_own_deadline_even_if_ea
     """The fencer skips looking at every run until the earliest deadline it knows of has
     passed; a run added since with an earlier deadline (a shorter lease) is still fenced on
     time, and a renewed run is looked at again when its old deadline passes."""
-    runs = Runs()
+    looks: list[int] = []
+
+    class CountedRuns(Runs):
+        def __iter__(self) -> Iterator[RunHandle]:
+            looks.append(len(self))
+            return super().__iter__()
+
+    runs = CountedRuns()
     long = handle(60_000, sent=clock.monotonic())
     runs.add(long)
     fencing = Fencing(shared, runs=runs)
     assert fencing.fence_expired() == 0  # knows of one deadline: 59 s from now
+    await clock.advance(1)
+    assert fencing.fence_expired() == 0
+    assert looks == [], "no look at every run before the earliest deadline it knows of"
     short = handle(3_000, sent=clock.monotonic())
     object.__setattr__(short.claim, "execution_id", 2)
     runs.add(short)
-    await clock.advance(2.8)
+    await clock.advance(2.8)  # 2.8 s after its claim was sent: past 3 s less 0.3 s
     assert fencing.fence_expired() == 1
     assert short.cancel_reason is CancelReason.FENCED and long.cancel_reason is None
     long.deadline += 60  # renewed
-    await clock.advance(57)
+    await clock.advance(56)
     assert fencing.fence_expired() == 0 and long.cancel_reason is None
     await clock.advance(61)
     assert fencing.fence_expired() == 1 and long.cancel_reason is CancelReason.FENCED

@@ -509,3 +509,4 @@ async def rehearse(db: Database, conn: AsyncConnection) -> None:
     )
     for statement in (sql.advance, sql.advance_runs):
         await conn.execute(statement, {**nobody, "p_slot": epoch, "p_next": epoch})
+    await conn.execute(_open_among(db.dialect), {**nobody, "p_slot": epoch})
