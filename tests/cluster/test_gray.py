@@ -52,6 +52,10 @@ SHUTDOWN = DRAIN + CANCEL + 7.0
 TOGETHER = 0.5
 """The most two runs of one forbid job may execute together: what a pause leaves before the
 paused process can notice it was fenced."""
+OUTCOME_IN_FLIGHT = 1.0
+"""How long before a freeze a body may end and its outcome's write still be frozen (in the
+proxy, or queued behind another write of its instance): such a run is neither judged healthy
+nor counted against the slot if it is retried."""
 TICK = 0.012
 """A clock read from the database (or, for SQLite, from file times) may lag the real one by a
 kernel tick: a start this much before its slot may still be on time (as in test_skew.py)."""
@@ -282,30 +286,46 @@ async def test_a_database_path_hanging_runs_no_slot_twice_and_shuts_down_cleanly
         if s > TOGETHER
     ]
     # A body that ended while its own instance's database path was frozen could not record its
-    # outcome: the cluster cannot tell it from a dead run, records it ABANDONED and, with
-    # attempts left, retries it (guarantee 1 allows a retry of a slot not recorded COMPLETED;
-    # ctx.fencing_token is how a job tells the two writers apart). Every other slot: once.
+    # outcome, nor one that ended just before (its outcome's write still on its way through the
+    # proxy, or queued behind another write): the cluster cannot tell it from a dead run, records
+    # it ABANDONED and, with attempts left, retries it (guarantee 1 allows a retry of a slot not
+    # recorded COMPLETED; ctx.fencing_token is how a job tells the two writers apart). Every
+    # other slot, and every slot recorded COMPLETED: once.
+    rows = await statuses(db)
     unrecordable = {
         (r.job, r.slot)
         for r in found
         if r.instance == "hung"
         and r.finished
         and r.stop is not None
-        and frozen_at <= r.stop <= thawed_at
+        and frozen_at - OUTCOME_IN_FLIGHT <= r.stop <= thawed_at
+        and (row := rows.get(r.id)) is not None
+        and row.status != "COMPLETED"
     }
     doubled = twice([r for r in found if (r.job, r.slot) not in unrecordable])
     problems += doubled
+    for job, slot in slots_run_twice([r for r in found if (r.job, r.slot) not in unrecordable]):
+        for r in found:
+            if (r.job, r.slot) == (job, slot):
+                row = rows.get(r.id)
+                problems.append(
+                    f"  {job} {slot}: execution {r.id} attempt {r.attempt} ({r.trigger}) on "
+                    f"{r.instance}, {r.start - frozen_at:+.3f} s to "
+                    + (f"{r.stop - frozen_at:+.3f} s" if r.stop is not None else "-")
+                    + f" from the freeze (thaw {thawed_at - frozen_at:+.1f} s), "
+                    f"{'ended' if r.finished else 'stopped'}, recorded "
+                    f"{row.status if row is not None else '-'}"
+                )
     retried = [r for r in found if (r.job, r.slot) in unrecordable and r.attempt > 1]
     for run in retried:
         if run.trigger != "retry":
             problems.append(f"{run.job} slot {run.slot} ran again, but not as its retry")
-    rows = await statuses(db)
     abandoned = 0
     for run in found:
         # judged: runs that ended before the SIGTERM (a drain's last moments are not the point)
         healthy = run.finished and (
             (run.instance == "well" and run.stop is not None and run.stop < stopped_at)
-            or (run.stop is not None and run.stop < frozen_at - 1)
+            or (run.stop is not None and run.stop < frozen_at - OUTCOME_IN_FLIGHT)
             or (run.start > thawed_at + 1 and run.stop is not None and run.stop < stopped_at)
         )
         row = rows.get(run.id)
