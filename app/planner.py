@@ -10,7 +10,6 @@ job's misfire policy, and the job re-enters the heap only once its late slots ar
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import heapq
 import itertools
@@ -22,6 +21,7 @@ from app.burst import Burst
 from app.clock import Clock
 from app.firing import Firing
 from app.registry import Job
+from app.roles import stop_task
 from app.slots import Schedule
 
 
@@ -67,8 +67,7 @@ class Planner:
         self.firing.claimer.closing = True
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task, f"the {self.name}")
         await self.firing.stop_claiming()
 
     def _push(self, job: Job, slot: datetime) -> None:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.clock import Clock
 from app.metrics import Metrics
@@ -27,6 +27,39 @@ RESTART_FIRST = 0.5
 RESTART_CAP = 30.0
 PROBLEM_SECONDS = 60.0
 """How long after a restart a role still reports the error that stopped it."""
+STOP_SECONDS = 10.0
+"""How long a stop waits for a cancelled loop to end before it goes on without it."""
+
+
+async def stop_task(task: asyncio.Task[None], what: str, timeout: float | None = None) -> bool:
+    """Await ``task``, cancelled, for at most ``timeout`` s (:data:`STOP_SECONDS`): a shutdown
+    goes on without a loop that does not end (a driver that swallowed its cancellation and
+    waits for an answer that never comes: seen once on MariaDB), and says where it is stuck.
+    False when it was left behind."""
+    done, _ = await asyncio.wait({task}, timeout=STOP_SECONDS if timeout is None else timeout)
+    if not done:
+        log.error(
+            "%s did not end within %g s of its cancellation; going on without it. Stuck at: %s",
+            what,
+            STOP_SECONDS if timeout is None else timeout,
+            " <- ".join(awaiting(task)) or "?",
+        )
+        return False
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("%s ended on an error while stopping: %s", what, describe(exc))
+    return True
+
+
+def awaiting(task: asyncio.Task[Any]) -> list[str]:
+    """Where ``task`` waits: each coroutine of its await chain, innermost last."""
+    where: list[str] = []
+    coro: Any = task.get_coro()
+    while coro is not None and len(where) < 50:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            where.append(f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return where
 
 
 @dataclass(frozen=True)
@@ -82,8 +115,10 @@ class Role:
         if self._task is not None:
             if self.cancel_on_stop:
                 self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await stop_task(self._task, f"the {self.name} loop")
+            else:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
             self._task = None
         await self.stopped()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -34,7 +35,36 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+class _LeftBehind(logging.Handler):
+    """Collects, across the session, each loop a stop went on without (app.roles.stop_task):
+    the test passes, and the summary says where the loop was stuck."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.found: list[str] = []
+        self.test = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "of its cancellation; going on without it" in message:
+            self.found.append(f"{self.test}: {message}")
+
+
+LEFT_BEHIND = _LeftBehind()
+logging.getLogger("slotcron.roles").addHandler(LEFT_BEHIND)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
+    LEFT_BEHIND.test = nodeid
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    found = [f for f in LEFT_BEHIND.found if "test_a_stop_goes_on_without" not in f]
+    if found:
+        terminalreporter.write_sep("-", "loops a shutdown went on without (app.roles.stop_task)")
+        for line in found:
+            terminalreporter.write_line(line)
     available = backends.AVAILABLE
     parts = []
     for name in backends.NAMES:

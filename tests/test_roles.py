@@ -159,3 +159,39 @@ async def test_a_stop_whose_cancellation_a_driver_turned_into_its_own_error_stil
     await asyncio.wait_for(role.stop(), 5)  # before: waited forever
     assert not role.slept_on
     assert role.outage.failures == 0  # a stop, not an outage
+
+
+class Stuck(Role):
+    """Swallows its cancellation (as a driver did once) and waits for what never comes."""
+
+    name = "stuck"
+
+    def __init__(self, shared: Collaborators) -> None:
+        super().__init__(shared)
+        self.never: asyncio.Future[None] | None = None
+
+    async def run(self) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass
+        self.never = asyncio.get_running_loop().create_future()
+        await self.never
+
+
+async def test_a_stop_goes_on_without_a_loop_that_does_not_end_and_says_where_it_is_stuck(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, shared: Collaborators
+) -> None:
+    monkeypatch.setattr(roles, "STOP_SECONDS", 0.2)
+    caplog.set_level(logging.ERROR, logger="slotcron.roles")
+    role = Stuck(shared)
+    role.start()
+    await asyncio.sleep(0.01)
+    async with asyncio.timeout(5):  # without the bound, this stop never returns
+        await role.stop()
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1
+    assert "the stuck loop did not end within 0.2 s of its cancellation" in errors[0]
+    assert "run (" in errors[0] and "test_roles.py" in errors[0]  # the await chain, to its end
+    assert role.never is not None and not role.never.done()
+    role.never.cancel()
