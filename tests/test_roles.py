@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
@@ -171,10 +172,8 @@ class Stuck(Role):
         self.never: asyncio.Future[None] | None = None
 
     async def run(self) -> None:
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await asyncio.sleep(3600)
-        except asyncio.CancelledError:
-            pass
         self.never = asyncio.get_running_loop().create_future()
         await self.never
 
