@@ -31,23 +31,21 @@ STOP_SECONDS = 10.0
 """How long a stop waits for a cancelled loop to end before it goes on without it."""
 
 
-async def stop_task(task: asyncio.Task[None], what: str, timeout: float | None = None) -> bool:
-    """Await ``task``, cancelled, for at most ``timeout`` s (:data:`STOP_SECONDS`): a shutdown
-    goes on without a loop that does not end (a driver that swallowed its cancellation and
-    waits for an answer that never comes: seen once on MariaDB), and says where it is stuck.
-    False when it was left behind."""
-    done, _ = await asyncio.wait({task}, timeout=STOP_SECONDS if timeout is None else timeout)
+async def stop_task(task: asyncio.Task[None], what: str) -> None:
+    """Await ``task``, cancelled, for at most :data:`STOP_SECONDS`: a shutdown goes on without a
+    loop that does not end (a driver that swallowed its cancellation and waits for an answer
+    that never comes: seen once on MariaDB), and says where it is stuck."""
+    done, _ = await asyncio.wait({task}, timeout=STOP_SECONDS)
     if not done:
         log.error(
             "%s did not end within %g s of its cancellation; going on without it. Stuck at: %s",
             what,
-            STOP_SECONDS if timeout is None else timeout,
+            STOP_SECONDS,
             " <- ".join(awaiting(task)) or "?",
+            extra={"left_behind": what},
         )
-        return False
-    if not task.cancelled() and (exc := task.exception()) is not None:
+    elif not task.cancelled() and (exc := task.exception()) is not None:
         log.error("%s ended on an error while stopping: %s", what, describe(exc))
-    return True
 
 
 def awaiting(task: asyncio.Task[Any]) -> list[str]:

@@ -45,9 +45,8 @@ class _LeftBehind(logging.Handler):
         self.test = ""
 
     def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if "of its cancellation; going on without it" in message:
-            self.found.append(f"{self.test}: {message}")
+        if getattr(record, "left_behind", None):
+            self.found.append(f"{self.test}: {record.getMessage()}")
 
 
 LEFT_BEHIND = _LeftBehind()

@@ -302,9 +302,10 @@ async def test_a_database_path_hanging_runs_no_slot_twice_and_shuts_down_cleanly
         and (row := rows.get(r.id)) is not None
         and row.status != "COMPLETED"
     }
-    doubled = twice([r for r in found if (r.job, r.slot) not in unrecordable])
+    judged = [r for r in found if (r.job, r.slot) not in unrecordable]
+    doubled = twice(judged)
     problems += doubled
-    for job, slot in slots_run_twice([r for r in found if (r.job, r.slot) not in unrecordable]):
+    for job, slot in slots_run_twice(judged):
         for r in found:
             if (r.job, r.slot) == (job, slot):
                 row = rows.get(r.id)
