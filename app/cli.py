@@ -257,7 +257,7 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
     async def go() -> tuple[str | None, str | None]:
         from app.store.database import Database
 
-        db = Database.connect(settings.url, 1)
+        db = Database.connect(settings.url, 1, pooler=settings.database_pooler)
         try:
             return await migrate.upgrade(db.engine, db.dialect)
         finally:
@@ -295,7 +295,7 @@ def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
     from app.store.history import list_executions
 
     async def go() -> list[Any]:
-        db = Database.connect(settings.url, 1, create=False)
+        db = Database.connect(settings.url, 1, create=False, pooler=settings.database_pooler)
         try:
             return await list_executions(
                 db, job=args.job, status=args.status, since=args.since, limit=args.limit
@@ -338,7 +338,7 @@ def cmd_instances(settings: Settings, args: argparse.Namespace) -> int:
     from app.store.registrations import list_instances
 
     async def go() -> list[Any]:
-        db = Database.connect(settings.url, 1, create=False)
+        db = Database.connect(settings.url, 1, create=False, pooler=settings.database_pooler)
         try:
             return await list_instances(db)
         finally:
@@ -382,7 +382,7 @@ def _with_db(settings: Settings, work: Callable[[Any], Coroutine[Any, Any, Any]]
     from app.store.database import Database
 
     async def go() -> Any:
-        db = Database.connect(settings.url, 1, create=False)
+        db = Database.connect(settings.url, 1, create=False, pooler=settings.database_pooler)
         try:
             return await work(db)
         finally:

@@ -45,7 +45,9 @@ class Client:
         self._tasks: dict[str, TaskInfo] = {}
 
     async def __aenter__(self) -> Client:
-        self._db = Database.connect(self._settings.url, POOL_SIZE, create=False)
+        self._db = Database.connect(
+            self._settings.url, POOL_SIZE, create=False, pooler=self._settings.database_pooler
+        )
         # Slots are computed by the database's clock, sampled once (and again after a step of
         # this machine's clock), not asked for at every write.
         self._clock = DatabaseClock(self._db.clock_sample)

@@ -14,7 +14,7 @@ import secrets
 import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
@@ -82,6 +82,8 @@ class Settings(BaseSettings):
     )
 
     database_url: SecretStr = SecretStr("sqlite+aiosqlite:///./slotcron.db")
+    database_pooler: Literal["none", "session", "transaction"] = "none"
+    """What sits between slotcron and PostgreSQL: PgBouncer's pool mode, or nothing."""
     jobs: Annotated[list[str], NoDecode] = Field(default_factory=list)
     instance_id: str = Field(default_factory=_default_instance_id, min_length=1, max_length=200)
     timezone: str = "UTC"
@@ -181,6 +183,24 @@ class Settings(BaseSettings):
             )
         return value
 
+    @field_validator("database_pooler", mode="before")
+    @classmethod
+    def _lower_pooler(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("database_pooler")
+    @classmethod
+    def _pooler_of_postgresql(cls, value: str, info: ValidationInfo) -> str:
+        url = info.data.get("database_url")
+        if value != "none" and url is not None:
+            backend = make_url(url.get_secret_value()).get_backend_name()
+            if backend != "postgresql":
+                raise ValueError(
+                    f"{value!r} is a PgBouncer pool mode, for PostgreSQL only; this database is "
+                    f"{backend}: leave it unset (none)"
+                )
+        return value
+
     @field_validator("log_format", "log_level", mode="before")
     @classmethod
     def _normalise_case(cls, value: Any) -> Any:
@@ -204,7 +224,7 @@ class Settings(BaseSettings):
     def _parse_url(cls, value: SecretStr) -> SecretStr:
         raw = value.get_secret_value()
         try:
-            url = make_url(raw)
+            url = _with_host_ports(make_url(_hosts_in_query(raw)))
         except (ArgumentError, ValueError):
             # An unparseable value is not echoed: it may be a password pasted in the wrong place.
             raise ValueError(
@@ -218,8 +238,14 @@ class Settings(BaseSettings):
                 f"{render_url(url)!r}; use sqlite+aiosqlite, "
                 "postgresql+asyncpg or mysql+aiomysql"
             )
-        if driver != "sqlite+aiosqlite" and not url.host:
+        hosts = _query_hosts(url)
+        if driver != "sqlite+aiosqlite" and not url.host and not hosts:
             raise ValueError(f"database URL {render_url(url)!r} names no host")
+        if len(hosts) > 1 and driver != "postgresql+asyncpg":
+            raise ValueError(
+                f"database URL {render_url(url)!r} names several hosts: a multi-host URL is "
+                "for PostgreSQL (asyncpg) only"
+            )
         if url.host and "@" in url.host:
             raise ValueError(
                 f"database URL {render_url(url)!r} has an '@' after the password's: "
@@ -269,6 +295,40 @@ class Settings(BaseSettings):
         if self.auto_migrate is not None:
             return self.auto_migrate
         return self.backend == "sqlite"
+
+
+DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mariadb": 3306}
+
+
+def _hosts_in_query(raw: str) -> str:
+    """asyncpg's and libpq's multi-host form, ``scheme://user@h1:5432,h2:5433/db``, as
+    SQLAlchemy's (``scheme://user@/db?host=h1:5432&host=h2:5433``), which it can parse. Any
+    other URL is returned as it is."""
+    scheme, sep, rest = raw.partition("://")
+    ends = [i for i in (rest.find("/"), rest.find("?")) if i >= 0]
+    netloc, tail = rest[: min(ends, default=len(rest))], rest[min(ends, default=len(rest)) :]
+    userinfo, at, hosts = netloc.rpartition("@")
+    if not sep or "," not in hosts:
+        return raw
+    path, question, query = tail.partition("?")
+    given = "&".join(f"host={quote(host.strip(), safe='[]:')}" for host in hosts.split(","))
+    return f"{scheme}://{userinfo}{at}{path or '/'}?{given}{'&' + query if question else ''}"
+
+
+def _query_hosts(url: URL) -> tuple[str, ...]:
+    hosts = url.query.get("host", ())
+    return (hosts,) if isinstance(hosts, str) else tuple(hosts)
+
+
+def _with_host_ports(url: URL) -> URL:
+    """Every host of a multi-host URL with its port (SQLAlchemy requires all of them): the
+    backend's default where one was left out."""
+    hosts = _query_hosts(url)
+    if len(hosts) < 2:
+        return url
+    default = DEFAULT_PORTS.get(url.get_backend_name(), 5432)
+    ported = tuple(h if re.search(r":\d+$", h) else f"{h}:{default}" for h in hosts)
+    return url.update_query_dict({"host": list(ported)})
 
 
 def sqlite_file(url: URL) -> Path | None:

@@ -23,6 +23,8 @@ from app.store.runs import IncarnationLost
 log = logging.getLogger("slotcron.heartbeat")
 
 CLOCK_SYNC_SECONDS = 300.0
+READ_ONLY_RETRY_SECONDS = 1.0
+"""How often a renewal is tried while the database refuses writes as read-only."""
 RENEWAL_TIMEOUT_MIN = 1.0
 """Seconds a renewal may take at the least before it is given up."""
 
@@ -57,8 +59,12 @@ class Heartbeat(Role):
             # With no run in flight only the instance row is renewed, and every other period
             # is enough (it is judged silent after a whole lease): a run claimed meanwhile has
             # a lease of at least four periods, and is renewed within two.
-            await self.clock.sleep(self.period if len(self.runs) else 2 * self.period)
+            await self.clock.sleep(self._interval())
             await self.beat()
+            try:
+                await self.db.shed_idle()
+            except DB_ERRORS as exc:
+                resume_cancellation(exc)
             if isinstance(self.clock, DatabaseClock) and (
                 self.clock.wall_stepped() or time.monotonic() - self._last_sync > CLOCK_SYNC_SECONDS
             ):
@@ -67,6 +73,12 @@ class Heartbeat(Role):
                     await self.clock.sync(samples=4)
                 except DB_ERRORS as exc:
                     resume_cancellation(exc)
+
+    def _interval(self) -> float:
+        if self.db.read_only:
+            # The renewal is the write that finds the database writable again (ready again).
+            return min(self.period, READ_ONLY_RETRY_SECONDS)
+        return self.period if len(self.runs) else 2 * self.period
 
     async def beat(self) -> None:
         if self.id_taken:
@@ -101,6 +113,7 @@ class Heartbeat(Role):
             self.outage.failed(exc, "renewing leases")
             return
         self.outage.recovered()
+        self.db.wrote()
         for handle in counted:
             if handle.done.is_set():
                 continue  # ended while we renewed

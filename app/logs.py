@@ -93,5 +93,6 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    for noisy in ("sqlalchemy", "aiosqlite", "asyncio", "alembic"):
+    # app.store.pool: SQLAlchemy names a pool's logger after its class (ours is a subclass).
+    for noisy in ("sqlalchemy", "aiosqlite", "asyncio", "alembic", "app.store.pool"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))

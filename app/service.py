@@ -85,7 +85,10 @@ class Service:
         self.jobs = list(jobs)
         self.instance_id = settings.instance_id
         self.db = Database.connect(
-            settings.url, settings.pool_size, lease_seconds=settings.lease_seconds
+            settings.url,
+            settings.pool_size,
+            lease_seconds=settings.lease_seconds,
+            pooler=settings.database_pooler,
         )
         self.clock: Clock = clock if clock is not None else DatabaseClock(self.db.clock_sample)
         self.db.server_clock = isinstance(self.clock, DatabaseClock)

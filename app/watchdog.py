@@ -64,8 +64,7 @@ class Watchdog:
         incarnation: Callable[[], str | None],
         on_id_taken: Callable[[], None],
     ) -> None:
-        self._url = db.engine.url
-        self._server_clock = db.server_clock
+        self._db = db
         self.clock = clock
         self.instance_id = instance_id
         self.runs = runs
@@ -154,8 +153,7 @@ class Watchdog:
                     if now - renewed_at >= self.period and not self.id_taken:
                         renewed_at = now
                         if db is None:
-                            db = Database.connect(self._url, 1)
-                            db.server_clock = self._server_clock
+                            db = self._db.sibling(1)
                         runner.run(self._renew(db))
                 if stalled_since is not None:  # stopped (on the loop: it is back) before a look
                     self._report(culprit, stalled_since)

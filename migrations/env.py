@@ -44,7 +44,8 @@ async def _run_standalone() -> None:
     from app.config import load_settings
     from app.store.engine import make_engine
 
-    engine, _ = make_engine(load_settings().url, pool_size=1)
+    settings = load_settings()
+    engine, _ = make_engine(settings.url, pool_size=1, pooler=settings.database_pooler)
     async with engine.connect() as conn:
         await conn.run_sync(_run_on)
         await conn.commit()

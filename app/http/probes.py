@@ -83,6 +83,9 @@ class Probes:
         return await asyncio.shield(self._ping)
 
     async def _ping_once(self) -> str | None:
+        if self.service.db.read_only:
+            # It answers, but refuses our writes: no slot can be claimed here.
+            return "read-only: the database refuses writes (a standby, or a demoted primary)"
         try:
             async with asyncio.timeout(READY_TIMEOUT):
                 await self.service.db.ping()

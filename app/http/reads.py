@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from sqlalchemy.engine import URL
 
 from app.http.errors import ApiError
 from app.store.database import Database
@@ -45,8 +44,8 @@ class _Answer:
 
 
 class AdminReads:
-    def __init__(self, url: URL) -> None:
-        self.db = Database.connect(url, POOL_SIZE)
+    def __init__(self, db: Database) -> None:
+        self.db = db.sibling(POOL_SIZE)
         self._gate = asyncio.Semaphore(CONCURRENCY)
         self._waiting = 0
         self._answers: OrderedDict[str, _Answer] = OrderedDict()

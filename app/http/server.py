@@ -267,7 +267,7 @@ def build_app(
     auth = TokenCheck(settings.admin_token)
     hosts = HostCheck(settings.http_host, settings.http_allowed_hosts)
     probes = Probes(service, metrics.registry, bridge)
-    reads = AdminReads(settings.url)
+    reads = AdminReads(service.db)
     api = AdminApi(service, auth, reads, bridge)
 
     async def close_reads(_app: web.Application) -> None:

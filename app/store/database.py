@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -14,12 +16,18 @@ from typing import Any
 from sqlalchemy import ColumnElement, bindparam, func, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.util import greenlet_spawn
 
 from app.config import sqlite_file
 from app.errors import ConfigError
 from app.store.dialects import NOWAIT, READ_ONLY, STATEMENT_TIMEOUT, Dialect
 from app.store.engine import make_engine
 from app.store.tables import UTCDateTime
+
+log = logging.getLogger("slotcron.database")
+
+IDLE_CONNECTION_SECONDS = 30.0
+"""A pooled connection unused this long is closed (one is always kept)."""
 
 
 def now_in_sql(dialect: Dialect, server_clock: bool, name: str = "p_now") -> ColumnElement[Any]:
@@ -56,9 +64,17 @@ class Database:
     view of time (stepped, paused, skewed) can decide another's run lapsed. False with a test's
     manual clock, whose time the database does not know."""
 
+    lease_seconds: float | None = None
+    read_only_since: float | None = field(default=None, repr=False)
+    """When (monotonic) a write was last refused because the database is read-only (a standby,
+    a demoted primary, ``default_transaction_read_only``); None once a write succeeds."""
+
     def now_in_sql(self, name: str = "p_now") -> ColumnElement[Any]:
         """The time to judge leases by, in SQL: see :func:`now_in_sql`."""
         return now_in_sql(self.dialect, self.server_clock, name)
+
+    def __post_init__(self) -> None:
+        self.dialect.on_read_only = self._refused_as_read_only
 
     @classmethod
     def connect(
@@ -68,12 +84,14 @@ class Database:
         *,
         create: bool = True,
         lease_seconds: float | None = None,
+        pooler: str = "none",
     ) -> Database:
         """An engine for ``url``. A SQLite file is created private (0600; SQLite gives its
         ``-wal`` and ``-shm`` files the same mode) when missing, or with ``create=False`` (the
         commands that only read or queue) refused with :class:`ConfigError`, leaving no file
         behind. ``lease_seconds``: the instance's lease, which bounds how long the server lets a
-        session of ours hold locks while hung (:class:`app.store.dialects.SessionLimits`)."""
+        session of ours hold locks while hung (:class:`app.store.dialects.SessionLimits`).
+        ``pooler``: what sits between us and PostgreSQL (``SCHEDULER_DATABASE_POOLER``)."""
         path = sqlite_file(url)
         if path is not None:
             if create:
@@ -84,8 +102,50 @@ class Database:
                     f"no database at {str(path)!r}: start `slotcron run` or `slotcron migrate` "
                     "with this URL first",
                 )
-        engine, dialect = make_engine(url, pool_size, lease_seconds)
-        return cls(engine, dialect)
+        engine, dialect = make_engine(url, pool_size, lease_seconds, pooler)
+        return cls(engine, dialect, lease_seconds=lease_seconds)
+
+    def sibling(self, pool_size: int) -> Database:
+        """Another engine on the same database, set up the same way (its own pool: for a
+        thread with a loop of its own)."""
+        database = Database.connect(
+            self.engine.url,
+            pool_size,
+            create=False,
+            lease_seconds=self.lease_seconds,
+            pooler=self.dialect.pooler,
+        )
+        database.server_clock = self.server_clock
+        return database
+
+    @property
+    def read_only(self) -> bool:
+        return self.read_only_since is not None
+
+    def _refused_as_read_only(self) -> None:
+        if self.read_only_since is None:
+            log.warning(
+                "the database refused a write: it is read-only (a standby, or a primary "
+                "demoted by a failover). Not ready; reconnecting until a server takes writes"
+            )
+        self.read_only_since = time.monotonic()
+
+    def wrote(self) -> None:
+        """A write of ours committed: the database takes writes (again)."""
+        if self.read_only_since is not None:
+            self.read_only_since = None
+            log.warning("the database takes writes again")
+
+    async def shed_idle(self, idle_for: float = IDLE_CONNECTION_SECONDS) -> int:
+        """Close the pooled connections nobody used for ``idle_for`` seconds, but one: an idle
+        instance holds few server connections (behind a session pooler, each is one of the
+        pool's few). Returns how many were closed."""
+        pool = self.engine.sync_engine.pool
+        shed = getattr(pool, "shed_idle", None)
+        if shed is None:
+            return 0
+        closed: int = await greenlet_spawn(shed, idle_for)
+        return closed
 
     @asynccontextmanager
     async def transaction(self, *, nowait: bool = False) -> AsyncIterator[AsyncConnection]:
@@ -118,7 +178,7 @@ class Database:
         them prepared (asyncpg prepares per connection) instead of paying for it at the slot."""
 
         async def touch() -> None:
-            if rehearse is None or self.dialect.single_writer:
+            if rehearse is None or self.dialect.single_writer or not self.dialect.keeps_prepared:
                 async with self.read() as conn:
                     await conn.execute(text("SELECT 1"))
                 return

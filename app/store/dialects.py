@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
+import secrets
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -32,6 +34,9 @@ from sqlalchemy.sql.dml import Insert
 from sqlalchemy.types import TypeEngine
 
 from app.clock import file_clock
+from app.store.pool import SheddingPool
+
+log = logging.getLogger("slotcron.database")
 
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (asyncpg.PostgresError, asyncpg.InterfaceError)
 """Errors a driver raises unwrapped (asyncpg's while connecting; SQLAlchemy wraps the rest)."""
@@ -106,6 +111,11 @@ MIGRATION_LOCK_SECONDS = 120.0
 BUSY_MAX_SECONDS = 5.0
 """The most a SQLite transaction waits for another's write lock."""
 
+NOTIFY_PROBE = "slotcron-probe:"
+"""The payloads a listener sends itself to find out whether notifications reach it."""
+NOTIFY_PROBE_SECONDS = 2.0
+"""How long a new listener waits for its own probe before it falls back to polling."""
+
 NOWAIT = "slotcron_nowait"
 """Connection execution option: on SQLite, begin without waiting for the write lock."""
 READ_ONLY = "slotcron_read_only"
@@ -136,6 +146,11 @@ def _cacheable_insert_new(insert_class: type[Insert], do_nothing: type[Any]) -> 
     return InsertNew
 
 
+POOLERS = ("none", "session", "transaction")
+"""What may sit between slotcron and PostgreSQL (``SCHEDULER_DATABASE_POOLER``): nothing,
+or PgBouncer in one of its pool modes."""
+
+
 class Dialect:
     """What slotcron needs to know about one database family."""
 
@@ -151,9 +166,16 @@ class Dialect:
     update_returning = True
     # True where INSERT and UPDATE can be common table expressions of one statement.
     modifying_cte = False
+    # True where a statement prepared once on a connection is kept there (worth rehearsing).
+    keeps_prepared = True
+    # True where a connection of the pool can be held to listen for notifications.
+    listens = False
 
-    def __init__(self, limits: SessionLimits | None = None) -> None:
+    def __init__(self, limits: SessionLimits | None = None, pooler: str = "none") -> None:
         self.limits = limits or SessionLimits.for_lease(None)
+        self.pooler = pooler
+        self.on_read_only: Callable[[], None] = lambda: None
+        """Called when a write was refused as read-only (the Database listens)."""
 
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
         # SCHEDULER_POOL_SIZE is the instance's whole allowance of connections: no overflow.
@@ -170,6 +192,8 @@ class Dialect:
             "pool_use_lifo": True,
             # Waiting for a pooled connection is bounded too: a timeout is an outage.
             "pool_timeout": POOL_TIMEOUT,
+            # Connections an idle instance does not use are closed (Database.shed_idle).
+            "poolclass": SheddingPool,
         }
 
     def configure(self, engine: AsyncEngine) -> None:
@@ -183,9 +207,20 @@ class Dialect:
             if self.session_ended(context.original_exception):
                 context.is_disconnect = True
                 context.invalidate_pool_on_disconnect = False
+            elif self.read_only_refusal(context.original_exception):
+                # This server takes no writes (a standby, a demoted primary): every pooled
+                # connection is on it. All are dropped, and the next ones are opened anew (a
+                # multi-host URL with target_session_attrs=read-write then finds the primary).
+                context.is_disconnect = True
+                context.invalidate_pool_on_disconnect = True
+                self.on_read_only()
 
     def session_ended(self, exc: BaseException) -> bool:
         """True when ``exc`` says the server ended this session (its connection is unusable)."""
+        return False
+
+    def read_only_refusal(self, exc: BaseException) -> bool:
+        """True when ``exc`` says the server refused a write because it is read-only."""
         return False
 
     def is_lock_unavailable(self, exc: BaseException) -> bool:
@@ -292,22 +327,70 @@ class PostgreSQL(Dialect):
     # Idle-in-transaction timeout, administrator command, crash shutdown.
     _ENDED_CODES = frozenset({"25P03", "57P01", "57P02", "57P05"})
 
+    listens = True
+
+    def __init__(self, limits: SessionLimits | None = None, pooler: str = "none") -> None:
+        super().__init__(limits, pooler)
+        if pooler == "transaction":
+            # PgBouncer in transaction mode hands each transaction to any server connection:
+            # nothing may live in the session. A statement outside a transaction is sent in two
+            # round trips (prepare, then bind and execute), each of which may reach another
+            # server: every statement goes inside a transaction, where the server is ours.
+            self.free_autocommit = False
+            self.keeps_prepared = False
+            self.listens = False  # a LISTEN would be left on whichever server ran it
+
+    def session_settings(self) -> dict[str, str]:
+        """What the server enforces on each of our transactions (guarantee 7), and that a
+        claim is acknowledged only once a synchronous standby has it, whatever the cluster's
+        default (a failover must not lose an acknowledged claim)."""
+        ms = self.limits.milliseconds
+        return {
+            "idle_in_transaction_session_timeout": ms(self.limits.idle_in_transaction),
+            "lock_timeout": ms(self.limits.lock_wait),
+            "statement_timeout": ms(self.limits.statement),
+            "synchronous_commit": "on",
+        }
+
     def engine_options(self, url: URL, pool_size: int) -> dict[str, Any]:
         options = super().engine_options(url, pool_size)
-        ms = self.limits.milliseconds
-        options["connect_args"] = {
-            # Sent with the connection's start-up packet: no round trip. Named in
-            # pg_stat_activity, so a DBA sees whose connections these are.
-            "server_settings": {
-                "application_name": "slotcron",
-                "idle_in_transaction_session_timeout": ms(self.limits.idle_in_transaction),
-                "lock_timeout": ms(self.limits.lock_wait),
-                "statement_timeout": ms(self.limits.statement),
-            },
+        connect_args: dict[str, Any] = {
+            # Only what every pooler accepts goes into the start-up packet (PgBouncer refuses a
+            # connection that carries anything else): named in pg_stat_activity, so a DBA sees
+            # whose connections these are. The limits are set after it (see configure).
+            "server_settings": {"application_name": "slotcron"},
             "timeout": CONNECT_TIMEOUT,
             "command_timeout": STATEMENT_TIMEOUT,
         }
+        if self.pooler == "transaction":
+            settings = self.session_settings()
+            connect_args.update(
+                # No statement is kept on a server connection: each is prepared unnamed, inside
+                # its transaction, and replaced by the next (a named one would be another
+                # client's on the next server, or missing there).
+                statement_cache_size=0,
+                prepared_statement_cache_size=0,
+                prepared_statement_name_func=_unnamed,
+                # The limits travel with each transaction's BEGIN, in its one round trip.
+                connection_class=_connection_with_prologue(
+                    " ".join(f"SET LOCAL {name} = '{value}';" for name, value in settings.items())
+                ),
+            )
+        options["connect_args"] = connect_args
         return options
+
+    def configure(self, engine: AsyncEngine) -> None:
+        super().configure(engine)
+        if self.pooler == "transaction":
+            return
+        # Directly or through a session pooler the session is ours for as long as the
+        # connection: the limits are set once on it, in one round trip when it opens.
+        settings = self.session_settings().items()
+        session = " ".join(f"SET {name} = '{value}';" for name, value in settings)
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.run_async(lambda conn: conn.execute(session))
 
     def is_lock_unavailable(self, exc: BaseException) -> bool:
         code = getattr(getattr(exc, "orig", None), "sqlstate", None) or getattr(
@@ -317,6 +400,10 @@ class PostgreSQL(Dialect):
 
     def session_ended(self, exc: BaseException) -> bool:
         return getattr(exc, "sqlstate", None) in self._ENDED_CODES
+
+    def read_only_refusal(self, exc: BaseException) -> bool:
+        # 25006: read_only_sql_transaction (a hot standby, default_transaction_read_only).
+        return getattr(exc, "sqlstate", None) == "25006"
 
     def among(
         self, column: ColumnElement[Any], name: str, element: TypeEngine[Any]
@@ -336,20 +423,44 @@ class PostgreSQL(Dialect):
     async def listen(
         self, engine: AsyncEngine, channel: str, on_message: Callable[[str], None]
     ) -> Listening | None:
+        if not self.listens:
+            return None
         conn = await engine.connect()
+        probe = f"{NOTIFY_PROBE}{secrets.token_hex(8)}"
+        heard = asyncio.Event()
         try:
             driver: Any = (await conn.get_raw_connection()).driver_connection
 
             def callback(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
-                on_message(payload)
+                if payload == probe:
+                    heard.set()
+                elif not payload.startswith(NOTIFY_PROBE):
+                    on_message(payload)
 
             await driver.add_listener(channel, callback)
             # A lost connection is news too: the listener polls and listens again.
             driver.add_termination_listener(lambda _conn: on_message(""))
+            # Heard only where this session really listens: behind a pooler that hands each
+            # statement to any server (transaction mode, whatever we were told), it is not.
+            await driver.execute("SELECT pg_notify($1, $2)", channel, probe)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(NOTIFY_PROBE_SECONDS):
+                    await heard.wait()
         except BaseException:
             await conn.close()
             raise
-        return Listening(conn, driver, channel, callback)
+        listening = Listening(conn, driver, channel, callback)
+        if not heard.is_set():
+            await listening.close()
+            self.listens = False
+            log.warning(
+                "a notification sent on this connection did not come back within %g s (is a "
+                "pooler in transaction mode in front? then set SCHEDULER_DATABASE_POOLER="
+                "transaction): polling for queued runs and schedule writes instead",
+                NOTIFY_PROBE_SECONDS,
+            )
+            return None
+        return listening
 
     @asynccontextmanager
     async def migration_lock(self, conn: AsyncConnection) -> AsyncIterator[None]:
@@ -403,6 +514,12 @@ class MySQL(Dialect):
     def session_ended(self, exc: BaseException) -> bool:
         args: tuple[object, ...] = tuple(getattr(exc, "args", ()))
         return len(args) > 0 and args[0] in self._ENDED_CODES
+
+    def read_only_refusal(self, exc: BaseException) -> bool:
+        # 1290: the server runs with --read-only (or super_read_only); 1792: a read-only
+        # transaction.
+        args: tuple[object, ...] = tuple(getattr(exc, "args", ()))
+        return len(args) > 0 and args[0] in (1290, 1792)
 
     def upsert(
         self,
@@ -501,10 +618,31 @@ class SQLite(Dialect):
         return "database is locked" in message or "database is busy" in message
 
 
-def dialect_for(url: URL, limits: SessionLimits | None = None) -> Dialect:
+def _unnamed() -> str:
+    """asyncpg's name for an unnamed statement (see PostgreSQL.engine_options)."""
+    return ""
+
+
+def _connection_with_prologue(prologue: str) -> type[asyncpg.Connection]:
+    """An asyncpg connection whose every BEGIN carries ``prologue`` in the same message.
+
+    asyncpg sends a transaction's BEGIN as a simple query with no parameters, which may hold
+    several statements: ``SET LOCAL`` statements appended to it cost no round trip."""
+
+    class Connection(asyncpg.Connection):  # type: ignore[misc]
+        async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
+            if not args and query.startswith("BEGIN"):
+                query = f"{query} {prologue}"
+            result: str = await super().execute(query, *args, timeout=timeout)
+            return result
+
+    return Connection
+
+
+def dialect_for(url: URL, limits: SessionLimits | None = None, pooler: str = "none") -> Dialect:
     backend = url.get_backend_name()
     if backend == "postgresql":
-        return PostgreSQL(limits)
+        return PostgreSQL(limits, pooler)
     if backend in ("mysql", "mariadb"):
         return MySQL(limits)
     if backend == "sqlite":
