@@ -7,6 +7,7 @@ import contextlib
 import gc
 import logging
 import os
+import secrets
 import socket
 from collections.abc import Sequence
 from datetime import datetime
@@ -93,6 +94,9 @@ class Service:
         self.clock: Clock = clock if clock is not None else DatabaseClock(self.db.clock_sample)
         self.db.server_clock = isinstance(self.clock, DatabaseClock)
         self.outage = Outage()
+        self.incarnation = secrets.token_hex(16)
+        """This process's hold on the instance id, drawn once: a start-up step retried after
+        an error finds its own earlier registration and does not wait for itself."""
         self.runs = Runs()
         self.state: str = InstanceState.STARTING
         self.signals = Signals()
@@ -281,6 +285,7 @@ class Service:
             instance_id=self.instance_id,
             lapse=self.settings.lease_seconds,
             clock=self.clock,
+            incarnation=self.incarnation,
         )
         now = self.clock.now()
         for run in await lifeline.abandon_orphans(self.db, instance_id=self.instance_id, now=now):

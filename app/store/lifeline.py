@@ -287,19 +287,29 @@ class _Holder:
     incarnation: str | None
 
 
-async def hold_instance_id(db: Database, *, instance_id: str, lapse: float, clock: Clock) -> str:
+async def hold_instance_id(
+    db: Database,
+    *,
+    instance_id: str,
+    lapse: float,
+    clock: Clock,
+    incarnation: str | None = None,
+) -> str:
     """Make this process the one live holder of ``instance_id``; return its incarnation.
 
-    Each process draws a random incarnation and writes it on the instance row, taken over in
+    Each process draws a random incarnation (``incarnation``, drawn here when not given) and
+    writes it on the instance row, taken over in
     one conditional UPDATE judged by the database's clock (``clock`` is synchronised to it):
     only a row that is new, marked ``stopped`` (a clean shutdown) or whose heartbeat is older
     than ``lapse`` seconds (a dead predecessor) is taken. A row with a recent heartbeat is
     watched: if its heartbeat moves, another live process holds the id and start-up is refused
     with :class:`ConfigError` naming its host and pid (two live processes under one id take
     each other's runs for orphans); if it lapses instead, its process is gone (killed, so it
-    never said ``stopped``) and the row is taken then.
+    never said ``stopped``) and the row is taken then. A row already naming ``incarnation`` is
+    this process's own: a start-up retried after a later step failed (or after a commit whose
+    answer was lost) takes it back at once instead of waiting a lease for itself.
     """
-    incarnation = secrets.token_hex(16)
+    incarnation = incarnation or secrets.token_hex(16)
     first: _Holder | None = None
     while True:
         now = clock.now()
@@ -345,7 +355,11 @@ async def _take(
             update(instances)
             .where(
                 instances.c.instance_id == instance_id,
-                or_(instances.c.state == "stopped", instances.c.heartbeat_at < lapsed_before),
+                or_(
+                    instances.c.state == "stopped",
+                    instances.c.heartbeat_at < lapsed_before,
+                    instances.c.incarnation == incarnation,
+                ),
             )
             .values(**values)
         )

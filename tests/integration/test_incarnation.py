@@ -287,3 +287,53 @@ async def test_a_service_whose_id_was_taken_stops_claiming_shuts_down_leaving_th
             )
         ).one()
     assert (incarnation, state) == ("another", "running"), "the holder's row was written"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mariadb"], indirect=True)
+async def test_a_start_up_retried_after_it_took_the_id_takes_its_own_row_back_at_once(
+    db: Database,
+) -> None:
+    clock = ManualClock(datetime(2030, 1, 1, tzinfo=UTC))
+    mine = await hold_instance_id(db, instance_id=ID, lapse=LAPSE, clock=clock)
+    # The same process again (a later start-up step failed, or the first commit's answer was
+    # lost): the row names its own incarnation and a heartbeat of a moment ago. The manual
+    # clock never moves, so waiting for the row to lapse would never end.
+    async with asyncio.timeout(5):
+        again = await hold_instance_id(
+            db, instance_id=ID, lapse=LAPSE, clock=clock, incarnation=mine
+        )
+    assert again == mine
+    with pytest.raises(TimeoutError):  # another process's incarnation still waits for it
+        async with asyncio.timeout(0.5):
+            await hold_instance_id(db, instance_id=ID, lapse=LAPSE, clock=clock)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mariadb"], indirect=True)
+async def test_a_service_whose_start_up_fails_after_registering_retries_without_waiting_for_itself(
+    start_service: ServiceFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    from app.store import registrations
+
+    real = registrations.register_jobs
+    failures: list[int] = []
+
+    async def flaky(*args: object, **kwargs: object) -> object:
+        if not failures:  # a transient error (a Galera certification conflict, say) once
+            failures.append(1)
+            raise OperationalError("register_jobs", {}, Exception("deadlock; try again"))
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(registrations, "register_jobs", flaky)
+    registry = Registry()
+
+    @every(seconds=3600, name="hourly", registry=registry)
+    async def hourly() -> None: ...
+
+    began = time.monotonic()
+    async with asyncio.timeout(30):
+        service = await start_service(list(registry), instance_id=ID, lease_seconds=20)
+    assert failures == [1]
+    assert time.monotonic() - began < 10, "start-up waited for its own registration"
+    assert service.state == "running"
