@@ -150,7 +150,7 @@ class Firing:
         try:
             ours = await run_store.claimed_late(
                 self.claimer.db,
-                execution_id=claim.execution_id,
+                run=claim.key,
                 instance_id=self.claimer.instance_id,
                 now=now,
                 missed_reason=reason,

@@ -103,7 +103,7 @@ class Heartbeat(Role):
                     lease_counts=counts,
                     instance_state=self.instance_state(),
                     incarnation=self.incarnation,
-                    ours=[handle.id for handle in counted],
+                    ours=[handle.claim.key for handle in counted],
                 )
         except IncarnationLost:
             self.outage.recovered()

@@ -19,14 +19,14 @@ from app.logs import run_fields
 from app.roles import Collaborators, Role
 from app.status import Status
 from app.store import runs as run_store
-from app.store.claims import Claim
+from app.store.claims import Claim, RunKey
 
 log = logging.getLogger("slotcron.runner")
 
 COMPLETED_LINES_PER_SECOND = 20
 BATCH_LIMIT = 1000
 
-_Pending = tuple[int, Status, str | None, asyncio.Future[bool]]
+_Pending = tuple[RunKey, Status, str | None, asyncio.Future[bool]]
 
 
 class Outcomes(Role):
@@ -46,15 +46,15 @@ class Outcomes(Role):
         """Write a run's outcome (and, with ``retry_backoff``, queue its next attempt); log it.
         False when the record was no longer ours to write."""
         if retry_backoff is None:
-            recorded = await self._group_commit(claim.execution_id, status, error)
+            recorded = await self._group_commit(claim.key, status, error)
         else:
             recorded = await self._finish_and_retry(claim, status, error, retry_backoff)
         self._log(claim, status, error, recorded)
         return recorded
 
-    async def _group_commit(self, execution_id: int, status: Status, error: str | None) -> bool:
+    async def _group_commit(self, run: RunKey, status: Status, error: str | None) -> bool:
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._pending.append((execution_id, status, error, done))
+        self._pending.append((run, status, error, done))
         self._wake.set()
         return await done  # a cancelled waiter cancels only its own wait: see run()
 
@@ -72,9 +72,9 @@ class Outcomes(Role):
                         if not done.done():
                             done.set_exception(exc)
                     raise
-                for execution_id, _, _, done in batch:
+                for run, _, _, done in batch:
                     if not done.done():  # its run was cancelled while waiting
-                        done.set_result(execution_id in recorded)
+                        done.set_result(run[0] in recorded)
 
     async def _write(self, batch: list[_Pending]) -> set[int]:
         outcomes = [(i, status, error) for i, status, error, _ in batch]
@@ -92,7 +92,7 @@ class Outcomes(Role):
             f"recording the end of execution {claim.execution_id}",
             lambda: run_store.finish(
                 self.db,
-                execution_id=claim.execution_id,
+                run=claim.key,
                 instance_id=self.instance_id,
                 status=status,
                 now=self.clock.now(),

@@ -236,7 +236,7 @@ class Runner:
 
     async def _save_state(self, claim: Claim, state: dict[str, object]) -> None:
         await run_store.save_state(
-            self.db, execution_id=claim.execution_id, instance_id=self.instance_id, state=state
+            self.db, run=claim.key, instance_id=self.instance_id, state=state
         )
 
     def _fields(self, claim: Claim, outcome: str) -> dict[str, object]:

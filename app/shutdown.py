@@ -135,7 +135,7 @@ async def shut_down(service: Service, signals: Signals) -> None:
             with contextlib.suppress(*DB_ERRORS):
                 await run_store.stop_all(
                     service.db,
-                    execution_ids=[h.id for h in stubborn],
+                    runs=[h.claim.key for h in stubborn],
                     instance_id=service.instance_id,
                     now=service.clock.now(),
                     reason=f"stopped by shutdown of instance {service.instance_id} "

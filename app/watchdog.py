@@ -189,7 +189,7 @@ class Watchdog:
                     lease_counts=counts,
                     instance_state=self.instance_state(),
                     incarnation=self.incarnation(),
-                    ours=[handle.id for handle in handles],
+                    ours=[handle.claim.key for handle in handles],
                 )
         except IncarnationLost:
             # Renew nothing more: the runs' deadlines pass and they are fenced by time.

@@ -162,6 +162,10 @@ async def lease_holder(db: Database, conn: AsyncConnection, job_name: str, now: 
     return (await conn.execute(query, {"p_job": job_name, "p_now": now})).one_or_none()
 
 
+RunKey = tuple[int, str, datetime, int]
+"""A run's row: ``(execution id, job, slot, attempt)``."""
+
+
 @dataclass(frozen=True)
 class Claim:
     """The outcome of a claim: a run to start (``RUNNING``), or a slot recorded as not run."""
@@ -187,6 +191,13 @@ class Claim:
     starting at once). False for a run claimed ahead of its slot, taken from the queue, or
     delayed by jitter: its start is stamped just before its body (:mod:`app.store.starts`),
     and until then it can be handed back."""
+
+    @property
+    def key(self) -> RunKey:
+        """What identifies this run's row for every write after the claim (never its id alone:
+        after a failover that lost commits the id sequence may have handed the id to another
+        run)."""
+        return (self.execution_id, self.job_name, self.scheduled_at, self.attempt)
 
 
 async def claim_slot(

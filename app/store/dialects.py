@@ -23,13 +23,17 @@ from sqlalchemy import (
     any_,
     bindparam,
     event,
+    func,
     insert,
     literal_column,
+    select,
     text,
+    tuple_,
 )
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql import Select
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.types import TypeEngine
 
@@ -235,6 +239,16 @@ class Dialect:
         list's length."""
         return column.in_(bindparam(name, expanding=True))
 
+    def among_rows(self, columns: Sequence[ColumnElement[Any]], name: str) -> ColumnElement[bool]:
+        """``(c1, c2, ...) IN (rows)`` for rows bound at execution with :meth:`rows`: an exact
+        match of several columns together, not of each column among a list of its own."""
+        return tuple_(*columns).in_(bindparam(name, expanding=True))
+
+    def rows(self, name: str, rows: Sequence[Sequence[Any]], width: int) -> dict[str, Any]:
+        """The parameters that bind ``rows`` (each of ``width`` values) to :meth:`among_rows`'
+        ``name``."""
+        return {name: [tuple(row) for row in rows]}
+
     # PostgreSQL's and SQLite's insert, whose ON CONFLICT ... DO UPDATE the two share.
     conflict_insert: Callable[[Table], Any] | None = None
     # Their INSERT ... ON CONFLICT DO NOTHING, cacheable (see _cacheable_insert_new).
@@ -409,6 +423,19 @@ class PostgreSQL(Dialect):
         self, column: ColumnElement[Any], name: str, element: TypeEngine[Any]
     ) -> ColumnElement[bool]:
         return column == any_(bindparam(name, type_=postgresql.ARRAY(element)))
+
+    def among_rows(self, columns: Sequence[ColumnElement[Any]], name: str) -> ColumnElement[bool]:
+        # One array per column, unnested together: the statement's text does not change with
+        # the number of rows (one prepared plan: a nested loop of index lookups).
+        arrays = [
+            bindparam(f"{name}_{i}", type_=postgresql.ARRAY(column.type))
+            for i, column in enumerate(columns)
+        ]
+        unnested: Select[Any] = select(literal_column("*")).select_from(func.unnest(*arrays))
+        return tuple_(*columns).in_(unnested)
+
+    def rows(self, name: str, rows: Sequence[Sequence[Any]], width: int) -> dict[str, Any]:
+        return {f"{name}_{i}": [row[i] for row in rows] for i in range(width)}
 
     def server_now(self) -> ColumnElement[Any] | None:
         # statement_timestamp() is STABLE (clock_timestamp() is VOLATILE): compared with it, a

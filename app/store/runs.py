@@ -1,7 +1,10 @@
 """What happens to a run after its claim: heartbeats, checkpoints, its one finishing write.
 
 Every write here is conditional on ``status = 'RUNNING' AND instance_id = :me``: a run can
-never overwrite what another instance (or the leader) recorded about it.
+never overwrite what another instance (or the leader) recorded about it. And every write finds
+its row by the run's whole key (:data:`~app.store.claims.RunKey`: id, job, slot, attempt), never
+by its id alone: after a failover that lost the last commits, the id sequence starts behind,
+and an id of ours may now name another run's row.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.status import Status, Trigger
 from app.store import markers
+from app.store.claims import RunKey
 from app.store.database import Database
 from app.store.dialects import Dialect
 from app.store.lifeline import queue_retry
@@ -28,18 +32,40 @@ class IncarnationLost(Exception):
     (this one was paused or cut off past its lease, and judged dead). Nothing was renewed."""
 
 
-def _mine(execution_id: int, instance_id: str) -> Any:
+RUN_KEY = (
+    executions.c.id,
+    executions.c.job_name,
+    executions.c.scheduled_at,
+    executions.c.attempt,
+)
+"""The columns of a :data:`RunKey`, in its order."""
+
+
+def _mine(run: RunKey, instance_id: str) -> Any:
+    execution_id, job_name, scheduled_at, attempt = run
     return (
         (executions.c.id == execution_id)
+        & (executions.c.job_name == job_name)
+        & (executions.c.scheduled_at == scheduled_at)
+        & (executions.c.attempt == attempt)
         & (executions.c.status == "RUNNING")
         & (executions.c.instance_id == instance_id)
     )
 
 
+def runs_among(dialect: Dialect, name: str) -> Any:
+    """The rows of the runs bound as ``name`` (:func:`run_keys`), each by its whole key."""
+    return dialect.among_rows(RUN_KEY, name)
+
+
+def run_keys(dialect: Dialect, name: str, runs: Iterable[RunKey]) -> dict[str, Any]:
+    return dialect.rows(name, list(runs), len(RUN_KEY))
+
+
 async def finish(
     db: Database,
     *,
-    execution_id: int,
+    run: RunKey,
     instance_id: str,
     status: str,
     now: datetime,
@@ -54,7 +80,7 @@ async def finish(
     async with db.transaction() as conn:
         result = await conn.execute(
             update(executions)
-            .where(_mine(execution_id, instance_id))
+            .where(_mine(run, instance_id))
             .values(
                 status=status,
                 finished_at=now,
@@ -66,16 +92,14 @@ async def finish(
         if result.rowcount != 1:
             return False
         if retry_backoff is not None:
-            row = (
-                await conn.execute(select(executions).where(executions.c.id == execution_id))
-            ).one()
+            row = (await conn.execute(select(executions).where(executions.c.id == run[0]))).one()
             await queue_retry(conn, row=row, now=now, backoff=retry_backoff, dialect=db.dialect)
     return True
 
 
 @dataclass(frozen=True)
 class _Finish:
-    """:func:`finish_many`'s statements for one dialect: the run ids are one list parameter."""
+    """:func:`finish_many`'s statements for one dialect: the runs are bound by key."""
 
     lock_mine: Any
     write: Any
@@ -86,7 +110,7 @@ class _Finish:
 def _finish(dialect: Dialect) -> _Finish:
     ids = dialect.among(executions.c.id, "p_ids", executions.c.id.type)
     mine = (
-        ids,
+        runs_among(dialect, "p_runs"),
         guard(executions.c.status) == "RUNNING",
         guard(executions.c.instance_id) == bindparam("p_instance"),
     )
@@ -108,23 +132,23 @@ def _finish(dialect: Dialect) -> _Finish:
 
 async def finish_many(
     db: Database,
-    outcomes: Sequence[tuple[int, str, str | None]],
+    outcomes: Sequence[tuple[RunKey, str, str | None]],
     *,
     instance_id: str,
     now: datetime,
 ) -> set[int]:
-    """Record many runs' outcomes ``(execution_id, status, error)`` in one transaction; return
-    the ids recorded (the others were no longer ours). One UPDATE per distinct outcome."""
-    groups: dict[tuple[str, str | None], list[int]] = {}
-    for execution_id, status, error in outcomes:
-        groups.setdefault((status, error), []).append(execution_id)
+    """Record many runs' outcomes ``(run, status, error)`` in one transaction; return the ids
+    of the runs recorded (the others were no longer ours). One UPDATE per distinct outcome."""
+    groups: dict[tuple[str, str | None], list[RunKey]] = {}
+    for run, status, error in outcomes:
+        groups.setdefault((status, error), []).append(run)
     recorded: set[int] = set()
     sql = _finish(db.dialect)
     returning = db.dialect.update_returning
     async with db.transaction() as conn:
-        for (status, error), ids in groups.items():
+        for (status, error), runs in groups.items():
             params = {
-                "p_ids": ids,
+                **run_keys(db.dialect, "p_runs", runs),
                 "p_instance": instance_id,
                 "p_status": status,
                 "p_error": error,
@@ -145,6 +169,7 @@ async def rehearse(conn: AsyncConnection, dialect: Dialect) -> None:
     """Run :func:`finish_many`'s statements once, writing nothing (see ``claims.rehearse``)."""
     sql = _finish(dialect)
     params: dict[str, Any] = {
+        **run_keys(dialect, "p_runs", []),
         "p_ids": [],
         "p_instance": "",
         "p_status": "COMPLETED",
@@ -159,17 +184,17 @@ async def rehearse(conn: AsyncConnection, dialect: Dialect) -> None:
 
 
 async def stop_all(
-    db: Database, *, execution_ids: Iterable[int], instance_id: str, now: datetime, reason: str
+    db: Database, *, runs: Iterable[RunKey], instance_id: str, now: datetime, reason: str
 ) -> int:
     """Record every listed run of this instance still ``RUNNING`` as ``STOPPED``; release leases."""
-    ids = list(execution_ids)
-    if not ids:
+    keys = list(runs)
+    if not keys:
         return 0
     async with db.transaction() as conn:
         result = await conn.execute(
             update(executions)
             .where(
-                executions.c.id.in_(ids),
+                runs_among(db.dialect, "p_runs"),
                 guard(executions.c.status) == "RUNNING",
                 guard(executions.c.instance_id) == instance_id,
             )
@@ -179,13 +204,14 @@ async def stop_all(
                 error=reason,
                 lease_until=now,
                 started_at=markers.started_at(),
-            )
+            ),
+            run_keys(db.dialect, "p_runs", keys),
         )
     return int(result.rowcount)
 
 
 async def claimed_late(
-    db: Database, *, execution_id: int, instance_id: str, now: datetime, missed_reason: str | None
+    db: Database, *, run: RunKey, instance_id: str, now: datetime, missed_reason: str | None
 ) -> bool:
     """A run whose claim committed past its slot's grace is not started as if on time: with
     ``missed_reason`` it is recorded MISSED (its lease released), else it becomes a ``catchup``
@@ -202,17 +228,17 @@ async def claimed_late(
         }
     async with db.transaction() as conn:
         result = await conn.execute(
-            update(executions).where(_mine(execution_id, instance_id)).values(**values)
+            update(executions).where(_mine(run, instance_id)).values(**values)
         )
     return result.rowcount == 1
 
 
 async def save_state(
-    db: Database, *, execution_id: int, instance_id: str, state: Mapping[str, Any]
+    db: Database, *, run: RunKey, instance_id: str, state: Mapping[str, Any]
 ) -> bool:
     async with db.transaction() as conn:
         result = await conn.execute(
-            update(executions).where(_mine(execution_id, instance_id)).values(state=dict(state))
+            update(executions).where(_mine(run, instance_id)).values(state=dict(state))
         )
     return result.rowcount == 1
 
@@ -225,7 +251,7 @@ async def renew(
     lease_counts: Mapping[int, int],
     instance_state: str,
     incarnation: str | None = None,
-    ours: Collection[int] | None = None,
+    ours: Collection[RunKey] | None = None,
 ) -> set[int] | None:
     """Renew the leases of all this instance's running executions and its own instance row.
 
@@ -257,13 +283,13 @@ async def renew(
     params: dict[str, Any] = {"p_now": now}
     if ours is None:
         mine = [executions.c.instance_id == instance_id, executions.c.status == "RUNNING"]
-    else:  # found by id: the instance and the status only guard them
+    else:  # found by key: the instance and the status only guard them
         mine = [
-            db.dialect.among(executions.c.id, "p_ours", executions.c.id.type),
+            runs_among(db.dialect, "p_ours"),
             guard(executions.c.instance_id) == instance_id,
             guard(executions.c.status) == "RUNNING",
         ]
-        params["p_ours"] = list(ours)
+        params.update(run_keys(db.dialect, "p_ours", ours))
     async with db.transaction() as conn:
         for lease_ms, expected in lease_counts.items():
             result = await conn.execute(

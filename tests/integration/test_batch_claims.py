@@ -388,22 +388,63 @@ async def test_outcomes_recorded_together_touch_only_this_instances_running_runs
         await conn.execute(
             update(executions).where(executions.c.id == abandoned).values(status="ABANDONED")
         )
-    ids = {name: c.execution_id for name, c in {**mine.claims, **theirs.claims}.items()}
+    keys = {name: c.key for name, c in {**mine.claims, **theirs.claims}.items()}
     done = await run_store.finish_many(
         db,
         [
-            (ids["mine"], "COMPLETED", None),
-            (ids["also-mine"], "FAILED", "boom"),
-            (ids["theirs"], "COMPLETED", None),
-            (abandoned, "COMPLETED", None),
+            (keys["mine"], "COMPLETED", None),
+            (keys["also-mine"], "FAILED", "boom"),
+            (keys["theirs"], "COMPLETED", None),
+            (keys["abandoned"], "COMPLETED", None),
         ],
         instance_id="me",
         now=NOW + timedelta(seconds=1),
     )
-    assert done == {ids["mine"], ids["also-mine"]}
+    assert done == {keys["mine"][0], keys["also-mine"][0]}
     rows = await recorded(db)
     slot = SLOT.isoformat()
     assert rows[("mine", slot)] == ("COMPLETED", None)
     assert rows[("also-mine", slot)] == ("FAILED", "boom")
     assert rows[("theirs", slot)] == ("RUNNING", None)
     assert rows[("abandoned", slot)][0] == "ABANDONED"
+
+
+async def test_an_outcome_is_written_only_to_the_row_of_its_whole_key_never_by_id_alone(
+    db: Database,
+) -> None:
+    # After a failover that lost the last commits, the id sequence starts behind: an id this
+    # instance holds in memory may now name another run's row, even one of its own.
+    await register(db, ["lost", "other"])
+    mine = await batch_store.claim_many(db, [due("other")], instance_id="me", now=NOW)
+    other = mine.claims["other"]
+    reused_id, _, slot, attempt = other.key
+    stale = (reused_id, "lost", slot, attempt)  # the run whose claim the failover lost
+    for key in (stale, (reused_id, "other", slot + timedelta(seconds=1), attempt)):
+        assert (
+            await run_store.finish_many(
+                db, [(key, "COMPLETED", None)], instance_id="me", now=NOW + timedelta(seconds=1)
+            )
+            == set()
+        )
+        assert not await run_store.finish(
+            db, run=key, instance_id="me", status="FAILED", now=NOW, error="stale"
+        )
+        assert not await run_store.save_state(db, run=key, instance_id="me", state={"x": 1})
+        assert (
+            await run_store.stop_all(db, runs=[key], instance_id="me", now=NOW, reason="stale") == 0
+        )
+    assert (
+        await run_store.renew(
+            db,
+            instance_id="me",
+            now=NOW,
+            lease_counts={other.lease_ms or 0: 1},
+            instance_state="running",
+            ours=[stale],
+        )
+        == set()
+    )
+    assert (await recorded(db))[("other", SLOT.isoformat())] == ("RUNNING", None)
+    assert await run_store.finish_many(
+        db, [(other.key, "COMPLETED", None)], instance_id="me", now=NOW + timedelta(seconds=1)
+    ) == {reused_id}

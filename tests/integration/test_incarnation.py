@@ -106,14 +106,19 @@ async def test_only_the_incarnation_holding_the_id_renews_its_row(
 LEASE_MS = 60_000  # a long lease: only what the test does can end it
 
 
-async def running_row(db: Database, clock: ManualClock, slot: int) -> int:
-    """A RUNNING execution under the shared id, its lease live for a minute."""
+def slot_at(slot: int) -> datetime:
+    return datetime(2029, 1, 1, tzinfo=UTC) + timedelta(seconds=slot)
+
+
+async def running_row(db: Database, clock: ManualClock, slot: int) -> tuple[int, int]:
+    """A RUNNING execution under the shared id, its lease live for a minute: its id and slot
+    (:func:`held`'s arguments)."""
     now = clock.now()
     async with db.transaction() as conn:
         result = await conn.execute(
             insert(executions).values(
                 job_name="job",
-                scheduled_at=datetime(2029, 1, 1, tzinfo=UTC) + timedelta(seconds=slot),
+                scheduled_at=slot_at(slot),
                 trigger="interval",
                 status="RUNNING",
                 attempt=1,
@@ -127,11 +132,12 @@ async def running_row(db: Database, clock: ManualClock, slot: int) -> int:
         )
     key = result.inserted_primary_key
     assert key is not None
-    return int(key[0])
+    return int(key[0]), slot
 
 
-async def row(db: Database, execution_id: int) -> tuple[str, datetime]:
+async def row(db: Database, execution: tuple[int, int]) -> tuple[str, datetime]:
     """An execution's status and lease (aware UTC)."""
+    execution_id, _ = execution
     async with db.read() as conn:
         status, lease_until = (
             await conn.execute(
@@ -143,10 +149,13 @@ async def row(db: Database, execution_id: int) -> tuple[str, datetime]:
     return status, lease_until.replace(tzinfo=UTC) if lease_until.tzinfo is None else lease_until
 
 
-def held(execution_id: int, clock: ManualClock) -> RunHandle:
-    """This process's run of ``execution_id``."""
+def held(execution: tuple[int, int], clock: ManualClock) -> RunHandle:
+    """This process's run of ``execution`` (:func:`running_row`'s id and slot)."""
+    execution_id, slot = execution
     run = handle(LEASE_MS, clock.monotonic())
-    run.claim = dataclasses.replace(run.claim, execution_id=execution_id)
+    run.claim = dataclasses.replace(
+        run.claim, execution_id=execution_id, job_name="job", scheduled_at=slot_at(slot)
+    )
     return run
 
 
@@ -181,7 +190,7 @@ async def test_the_runs_of_a_paused_process_are_abandoned_at_takeover_though_the
     await clock.advance(LAPSE + 1)  # paused: the id lapses, the run's lease does not
     new = await hold_instance_id(db, instance_id=ID, lapse=LAPSE, clock=clock)
     abandoned = await abandon_orphans(db, instance_id=ID, now=clock.now())  # as at start-up
-    assert [a.execution_id for a in abandoned] == [theirs]
+    assert [a.execution_id for a in abandoned] == [theirs[0]]
     ours = await running_row(db, clock, 2)
     runs = Runs()
     runs.add(held(ours, clock))

@@ -201,7 +201,9 @@ async def test_started_at_of_a_run_in_flight_is_its_markers_and_written_when_it_
     assert (await row_of(db, a))["started_at"] is None
 
     finished = SLOT + timedelta(seconds=2)
-    assert await runs.finish_many(db, [(a, "COMPLETED", None)], instance_id="me", now=finished)
+    assert await runs.finish_many(
+        db, [((a, "a", SLOT, 1), "COMPLETED", None)], instance_id="me", now=finished
+    )
     row = await row_of(db, a)
     assert (row["started_at"], row["finished_at"]) == (SLOT, finished)
     # Its marker outlives no run in flight: pruned, the row keeps its start.
