@@ -18,6 +18,7 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 
 from app.registry import Job
@@ -66,6 +67,10 @@ class RunHandle:
     began: float = 0.0  # when the job's coroutine started (Metrics.run_started)
     started: bool = False
     """Its start is stamped (``started_at``): from then on it can no longer be handed back."""
+    started_at: datetime | None = None
+    """When its body started, by the scheduler's clock."""
+    fence_reason: str | None = None
+    """Why it was fenced, when not for its lease (said in the log line and the alert)."""
 
     @property
     def id(self) -> int:
@@ -127,12 +132,14 @@ class Runs:
             counts[handle.lease_ms] = counts.get(handle.lease_ms, 0) + 1
         return counts
 
-    def cancel(self, handle: RunHandle, reason: CancelReason) -> None:
-        """Cancel a run for ``reason``; the first reason given is the one recorded."""
+    def cancel(self, handle: RunHandle, reason: CancelReason, *, why: str | None = None) -> None:
+        """Cancel a run for ``reason`` (``why``: a fence's cause, when not its lease); the first
+        reason given is the one recorded."""
         if handle.finishing:
             return  # its job is over: cancelling would only lose the outcome
         if handle.cancel_reason is None:
             handle.cancel_reason = reason
+            handle.fence_reason = why
         if reason == CancelReason.FENCED:
             handle.lease_lost.set()
         if handle.task is not None:

@@ -202,6 +202,24 @@ class InstanceCollector(Collector):
         yield GaugeMetricFamily(
             "slotcron_alerts_queued", "Alert events waiting to be sent", value=sent.queued
         )
+        yield GaugeMetricFamily(
+            "slotcron_database_read_only",
+            "1 while the database refuses this instance's writes as read-only",
+            value=1 if service.db.read_only else 0,
+        )
+        replication = service.reconnection.replication
+        if replication is not None:
+            yield GaugeMetricFamily(
+                "slotcron_database_synchronous_replication",
+                "1 when commits wait for a standby (a failover keeps every acknowledged claim), "
+                "0 when a failover can lose the last claims (PostgreSQL)",
+                value=1 if replication.synchronous else 0,
+            )
+        yield CounterMetricFamily(
+            "slotcron_failover_fenced_runs",
+            "Runs fenced after reconnecting because the database no longer had their claim",
+            value=service.reconnection.fenced,
+        )
         offset = getattr(service.clock, "offset", None)
         if offset is not None:
             yield GaugeMetricFamily(

@@ -40,6 +40,8 @@ class Outage:
         self.since: float | None = None
         self.failures = 0
         self.errors = 0  # every failed call since start-up (``failures`` counts this outage's)
+        self.on_recovered: Callable[[], None] = lambda: None
+        """Called once when an outage ends (the database may be another server now)."""
 
     @property
     def ongoing(self) -> bool:
@@ -82,8 +84,9 @@ class Outage:
                 time.monotonic() - self.since,
                 self.failures,
             )
-        self.since = None
-        self.failures = 0
+            self.since = None
+            self.failures = 0
+            self.on_recovered()
 
 
 class Backoff:

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from datetime import datetime
 
 from app.logs import run_fields
 from app.roles import Collaborators, Role
@@ -39,9 +40,18 @@ class Outcomes(Role):
         self._pending: list[_Pending] = []
         self._wake = asyncio.Event()
         self._completed_lines = LineQuota(COMPLETED_LINES_PER_SECOND)
+        self.on_recorded: Callable[[Claim, str, str | None, datetime | None], None] = lambda *_: (
+            None
+        )
+        """Told of each outcome written (the reconnection check keeps the recent ones)."""
 
     async def record(
-        self, claim: Claim, status: Status, error: str | None, retry_backoff: float | None
+        self,
+        claim: Claim,
+        status: Status,
+        error: str | None,
+        retry_backoff: float | None,
+        started_at: datetime | None = None,
     ) -> bool:
         """Write a run's outcome (and, with ``retry_backoff``, queue its next attempt); log it.
         False when the record was no longer ours to write."""
@@ -50,6 +60,10 @@ class Outcomes(Role):
         else:
             recorded = await self._finish_and_retry(claim, status, error, retry_backoff)
         self._log(claim, status, error, recorded)
+        if recorded and retry_backoff is None:
+            # Kept a while, to be written again if a failover loses it (app.failover). A run
+            # whose retry was queued with it is not: the retry row would be lost with it too.
+            self.on_recorded(claim, status, error, started_at)
         return recorded
 
     async def _group_commit(self, run: RunKey, status: Status, error: str | None) -> bool:

@@ -93,19 +93,22 @@ class Runner:
             handle.finishing = True
             self.metrics.run_finished(job.name, status or "FENCED", handle.began)
             if status is None:
+                why = handle.fence_reason or "its lease lapsed unrenewed"
                 log.warning(
-                    "run %s of %s was fenced: its lease lapsed unrenewed; not recording an outcome",
+                    "run %s of %s (slot %s) was fenced: %s; not recording an outcome",
                     claim.execution_id,
                     job.name,
+                    claim.scheduled_at.isoformat(),
+                    why,
                     extra=self._fields(claim, "FENCED"),
                 )
-                alerts.of(self.instance_id).run_fenced(claim, "its lease lapsed unrenewed")
+                alerts.of(self.instance_id).run_fenced(claim, why)
                 tracing.run_ended("FENCED")
                 return None
             retry = status == Status.FAILED and claim.attempt < job.max_attempts
             tracing.finishing()
             recorded = await self.outcomes.record(
-                claim, status, error, job.retry_backoff if retry else None
+                claim, status, error, job.retry_backoff if retry else None, handle.started_at
             )
             alerts.of(self.instance_id).run_finished(
                 claim, status, error, recorded=recorded, final=not retry
@@ -167,6 +170,7 @@ class Runner:
             ):
                 return None, None
             handle.started = True
+            handle.started_at = self.clock.now()
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
                     "starting %s slot %s (execution %s)",

@@ -21,6 +21,7 @@ from app.claims import Claimer
 from app.clock import Clock, DatabaseClock
 from app.config import Settings
 from app.errors import ConfigError, InvalidJobError
+from app.failover import Reconnection
 from app.fencing import Fencing
 from app.firing import Firing
 from app.heartbeat import Heartbeat
@@ -126,6 +127,11 @@ class Service:
             },
         )
         self.outcomes = Outcomes(shared)
+        self.reconnection = Reconnection(
+            shared, runs=self.runs, lease=settings.lease_seconds, next_slot=self._slot_after
+        )
+        self.outcomes.on_recorded = self.reconnection.recorded
+        self.outage.on_recovered = self.reconnection.reconnected
         self.runner = Runner(
             shared,
             runs=self.runs,
@@ -215,6 +221,13 @@ class Service:
             self.http = HttpServer(self, prometheus)
         self.alerts = alerts.install(self)
 
+    def _slot_after(self, job_name: str, slot: datetime) -> datetime | None:
+        """The job's slot after ``slot`` (None when its schedule is not held here)."""
+        try:
+            return self.schedules[job_name].next_after(slot)
+        except KeyError:
+            return None
+
     @property
     def id_taken(self) -> bool:
         """Another process holds our instance id: its row is no longer ours to write."""
@@ -235,6 +248,7 @@ class Service:
             self.outcomes,
             self.heartbeat,
             self.fencing,
+            self.reconnection,
             self.queued,
             self.runtime,
             self.leader,
@@ -254,6 +268,7 @@ class Service:
             *([self.watchdog] if self.watchdog else []),
             self.heartbeat,
             self.fencing,
+            self.reconnection,
             self.outcomes,
         ]
 
@@ -279,6 +294,8 @@ class Service:
                 offset.total_seconds() * 1000,
                 self.clock.round_trip.total_seconds() * 1000,
             )
+        # Whether a failover can lose our claims: said once at start-up, and after reconnecting.
+        await self.reconnection.check_replication()
         # Refuses a second live process under this id; the heartbeat checks we still hold it.
         self.heartbeat.incarnation = await lifeline.hold_instance_id(
             self.db,

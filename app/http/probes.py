@@ -64,6 +64,7 @@ class Probes:
         problem = await self.bridge.call(self._database_problem())
         # A background loop that failed recently (it is being restarted) is named here.
         roles = [p for role in self.service.roles if (p := role.problem) is not None]
+        replication = self.service.reconnection.replication
         if state != InstanceState.RUNNING or problem is not None or roles:
             body: dict[str, object] = {
                 "status": "not ready",
@@ -72,8 +73,14 @@ class Probes:
             }
             if roles:
                 body["roles"] = roles
+            if replication is not None:
+                body["replication"] = replication.describe()
             return web.json_response(body, status=503)
-        return web.json_response({"status": "ready", "state": state, "database": "ok"})
+        ready: dict[str, object] = {"status": "ready", "state": state, "database": "ok"}
+        if replication is not None:
+            # Ready either way: said so an operator sees what a failover would cost.
+            ready["replication"] = replication.describe()
+        return web.json_response(ready)
 
     async def _database_problem(self) -> str | None:
         """None when the database answered in time, else why not. Concurrent probes share one

@@ -45,10 +45,16 @@ async def test_healthz_and_readyz_answer_200_while_the_instance_runs(
         200,
         {"status": "ok", "instance": service.instance_id, "state": "running"},
     )
-    assert await get(client, f"{url}/readyz") == (
+    status, body = await get(client, f"{url}/readyz")
+    assert (status, body["status"], body["state"], body["database"]) == (
         200,
-        {"status": "ready", "state": "running", "database": "ok"},
+        "ready",
+        "running",
+        "ok",
     )
+    # PostgreSQL's replication is said too: the shared test server has no standby.
+    replication = {"postgresql": "no standby streams from this server: nothing to fail over to"}
+    assert body.get("replication") == replication.get(service.db.dialect.name)
 
 
 @pytest.mark.parametrize("backend", ["postgresql", "mariadb"], indirect=True)
