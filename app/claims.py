@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from app import alerts, tracing
-from app.errors import RowBusy, SlotTaken, Superseded
+from app.errors import LeaseHeld, RowBusy, SlotTaken, Superseded
 from app.logs import run_fields
 from app.outage import DB_ERRORS, Backoff, resume_cancellation
 from app.registry import Job
@@ -35,6 +36,10 @@ saves claiming what another instance took, and must not add a hang's wait to the
 BUSY_DEADLINE = 30.0
 """Seconds a claimer keeps retrying a busy row before leaving the slot to the misfire policy."""
 
+
+LEASE_RECHECK_MIN, LEASE_RECHECK_MAX = 0.02, 0.1
+"""Seconds between looks at a lease a waiting catch-up claim wants (spread, so that several
+instances waiting for one run do not look in step)."""
 
 HELD_TOGETHER = 0.5
 """Of the time a batch has until it gives up, the part it spends retrying rows another claimer
@@ -77,15 +82,23 @@ class Claimer:
         missed_reason: str | None = None,
         check_gap: bool = True,
         give_up_at: datetime | None = None,
+        wait_for_lease: float | None = None,
+        behind: str = "any",
     ) -> Claim | None:
         """The slot's record if this instance decided its fate, or None if another did (or it
         could not be claimed before the deadline, or this instance is shutting down).
+
+        ``wait_for_lease`` (seconds): a ``forbid`` job's slot that finds a run holding the
+        lease waits up to this long for it to end (looking again every moment), instead of
+        being recorded ``SKIPPED`` at once; past it, it is. ``behind="catchup"``: only a
+        catch-up run's lease is waited for.
 
         Raises :class:`SlotsUndecided` (with ``check_gap``) when earlier slots of the job were
         never decided: the caller accounts for them first. Stops trying at ``give_up_at`` (by
         the scheduler's clock; default :data:`BUSY_DEADLINE` from now): a slot not decided by
         then is left undecided, for the misfire policy to account for."""
         deadline = give_up_at or self.clock.now() + timedelta(seconds=BUSY_DEADLINE)
+        waiting_until = None if wait_for_lease is None else time.monotonic() + wait_for_lease
         busy = 0
         backoff = Backoff(jitter=0.5)
         tracing.claim_began()
@@ -107,6 +120,9 @@ class Claimer:
                     fingerprint=self.fingerprint(job),
                     # A jittered run's body starts later: its start is stamped then.
                     started=not job.jitter,
+                    wait_for_lease=behind
+                    if waiting_until is not None and time.monotonic() < waiting_until
+                    else None,
                 )
             except Superseded:
                 self.outage.recovered()
@@ -117,6 +133,12 @@ class Claimer:
                 self.outage.recovered()
                 self.stats.taken += 1
                 return None
+            except LeaseHeld:
+                # An earlier slot's run holds the lease (here or on another instance): look
+                # again in a moment of real time (runs end by the real clock, not a test's).
+                self.outage.recovered()
+                await asyncio.sleep(random.uniform(LEASE_RECHECK_MIN, LEASE_RECHECK_MAX))
+                continue
             except RowBusy:
                 self.outage.recovered()
                 busy += 1

@@ -52,6 +52,17 @@ class RowBusy(SlotcronError):
     """The job's row is locked by another claimer right now (the NOWAIT lock was not granted)."""
 
 
+class LeaseHeld(SlotcronError):
+    """A ``forbid`` job's lease is held by a run, and the claim asked to wait for it rather than
+    record the slot ``SKIPPED`` (a catch-up under ``misfire="all"``: every missed slot runs, one
+    after another). Nothing was written."""
+
+    def __init__(self, job: str, until: object) -> None:
+        self.job = job
+        self.until = until
+        super().__init__(f"{job}: a run holds the lease until {until}")
+
+
 class SlotsUndecided(SlotcronError):
     """Slots of a job before the one being claimed were never decided (no instance alive, or the
     database down, when they were due); ``expected`` is the first of them."""

@@ -81,6 +81,8 @@ class Firing:
         missed_reason: str | None = None,
         check_gap: bool = True,
         give_up_at: datetime | None = None,
+        wait_for_lease: float | None = None,
+        behind: str = "any",
     ) -> Claim | None:
         return await self.claimer.claim(
             job,
@@ -90,6 +92,8 @@ class Firing:
             missed_reason=missed_reason,
             check_gap=check_gap,
             give_up_at=give_up_at,
+            wait_for_lease=wait_for_lease,
+            behind=behind,
         )
 
     async def fire(self, job: Job, slot: datetime) -> None:
@@ -98,10 +102,20 @@ class Firing:
         # Past its grace, a slot is no longer started as if on time: it is left to the misfire
         # policy (found by the next claim, or by the leader's sweep).
         give_up_at = slot + misfire.grace(schedule, slot)
+        # Under misfire="all", a slot that comes while catch-up runs are still running the
+        # missed slots before it waits its turn behind them (and runs late: a catch-up too).
+        queue_up = job.catchup_window if job.misfire == "all" else None
         await self.clock.sleep_until(slot)
         async with self.permits.one():
             try:
-                claim = await self.claim(job, slot, trigger=job.trigger, give_up_at=give_up_at)
+                claim = await self.claim(
+                    job,
+                    slot,
+                    trigger=job.trigger,
+                    give_up_at=give_up_at,
+                    wait_for_lease=queue_up,
+                    behind=Trigger.CATCHUP.value,
+                )
             except SlotsUndecided as gap:
                 # Slots before this one were never decided: account for them first, in order.
                 expected: datetime = gap.expected  # type: ignore[assignment]
@@ -118,7 +132,13 @@ class Firing:
                 )
                 await self.decide_late(job, late, now, passed)
                 claim = await self.claim(
-                    job, slot, trigger=job.trigger, check_gap=False, give_up_at=give_up_at
+                    job,
+                    slot,
+                    trigger=job.trigger,
+                    check_gap=False,
+                    give_up_at=give_up_at,
+                    wait_for_lease=queue_up,
+                    behind=Trigger.CATCHUP.value,
                 )
             self._past_claim()
             if claim is None or claim.status != Status.RUNNING:
@@ -394,7 +414,16 @@ class Firing:
                     missed_reason=misfire.missed_reason(job, verdict.slot, now),
                 )
                 continue
-            claim = await self.claim(job, verdict.slot, trigger=Trigger.CATCHUP, check_gap=False)
+            claim = await self.claim(
+                job,
+                verdict.slot,
+                trigger=Trigger.CATCHUP,
+                check_gap=False,
+                # misfire="all" runs every missed slot: under forbid, one after another, each
+                # waiting for the run before it (this instance's or another's: every instance
+                # back from an outage decides the same slots), never SKIPPED for overlapping it.
+                wait_for_lease=job.catchup_window if job.misfire == "all" else None,
+            )
             if claim is None or claim.status != Status.RUNNING:
                 continue
             if job.overlap == "forbid":

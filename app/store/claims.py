@@ -27,7 +27,7 @@ from sqlalchemy import BigInteger, bindparam, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.errors import RowBusy, SlotsUndecided, SlotTaken, Superseded
+from app.errors import LeaseHeld, RowBusy, SlotsUndecided, SlotTaken, Superseded
 from app.status import Status
 from app.store.database import Database, now_in_sql
 from app.store.dialects import Dialect
@@ -55,7 +55,12 @@ def _lease_holder(db: Database) -> Any:
 @functools.cache
 def _lease_holder_sql(dialect: Dialect, server_clock: bool) -> Any:
     return (
-        select(executions.c.id, executions.c.instance_id, executions.c.lease_until)
+        select(
+            executions.c.id,
+            executions.c.instance_id,
+            executions.c.lease_until,
+            executions.c.trigger,
+        )
         .where(
             executions.c.job_name == bindparam("p_job"),
             executions.c.status == Status.RUNNING,
@@ -215,6 +220,7 @@ async def claim_slot(
     check_gap: bool = True,
     fingerprint: str | None = None,
     started: bool = True,
+    wait_for_lease: str | None = None,
 ) -> Claim:
     """Claim ``slot`` of ``job_name``, or record why it does not run.
 
@@ -226,7 +232,10 @@ async def claim_slot(
     :class:`SlotTaken` when the slot is already closed (someone claimed it),
     :class:`RowBusy` when another claimer holds the job's row right now, and (with
     ``check_gap``) :class:`SlotsUndecided` when slots before this one were never decided, and
-    :class:`Superseded` when ``fingerprint`` is not the schedule in force.
+    :class:`Superseded` when ``fingerprint`` is not the schedule in force. With
+    ``wait_for_lease`` (``"any"``, or ``"catchup"``: only a catch-up run's), a ``forbid`` job
+    whose lease such a run holds raises :class:`LeaseHeld` (nothing written) instead of
+    recording the slot ``SKIPPED``.
     """
     try:
         async with db.transaction(nowait=True) as conn:
@@ -245,7 +254,10 @@ async def claim_slot(
             )
             verdict = rules(holder=None)
             if verdict.fate is Fate.RUN and forbid_overlap:  # only then is the lease read
-                verdict = rules(holder=await lease_holder(db, conn, job_name, now))
+                holder = await lease_holder(db, conn, job_name, now)
+                if holder is not None and wait_for_lease in ("any", holder.trigger):
+                    raise LeaseHeld(job_name, holder.lease_until)
+                verdict = rules(holder=holder)
             if verdict.fate is Fate.SUPERSEDED:
                 raise Superseded(job_name)
             if verdict.fate is Fate.TAKEN:

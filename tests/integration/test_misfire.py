@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -274,3 +277,39 @@ async def test_a_job_faster_than_the_lead_is_claimed_at_its_slots_not_ahead(
     slots = [slot for name, slot in ran if name == "fast"]
     assert len(slots) == len(set(slots)) == 8
     assert len(ran) == len(rows) == 48
+
+
+async def test_misfire_all_under_forbid_runs_every_missed_slot_one_after_another_in_order(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    # Two instances back from the same outage decide the same late slots: neither records one
+    # SKIPPED for overlapping the other's catch-up run (9 of 10 were, in issue 25).
+    registry = Registry()
+    ran: list[tuple[datetime, float, float]] = []  # the job's own record: slot, start, end
+
+    @every(seconds=1, name="each", misfire="all", catchup_window=60, registry=registry)
+    async def each(ctx: JobContext) -> None:
+        began = time.monotonic()
+        await asyncio.sleep(0.05)
+        ran.append((ctx.scheduled_at, began, time.monotonic()))
+
+    clock = ManualClock(T0)
+    await start_service(list(registry), clock=clock, instance_id="back-a")
+    await start_service(list(registry), clock=clock, instance_id="back-b")
+    await clock.set(T0 + timedelta(seconds=1))
+    await wait_for(lambda: len(ran) == 1, what="the on-time slot :01")
+    await outcomes_written(db)
+    await clock.set(T0 + timedelta(seconds=12))  # :02 to :11 are late (grace: 1 s)
+
+    late = [datetime.fromisoformat(at(k)) for k in range(2, 12)]
+    await wait_for(
+        lambda: {slot for slot, _, _ in ran} >= set(late), timeout=20, what="every late slot"
+    )
+    await outcomes_written(db)
+    found = await outcomes(db)
+    assert [found[slot.isoformat()] for slot in late] == [("COMPLETED", "catchup")] * 10
+    assert "SKIPPED" not in {status for status, _ in found.values()}, sorted(found.items())
+    catchups = sorted((r for r in ran if r[0] in late), key=lambda r: r[1])
+    assert [slot for slot, _, _ in catchups] == late, "not run in slot order"
+    for (_, _, end), (slot, start, _) in itertools.pairwise(catchups):
+        assert start >= end, f"{slot} started before the run before it ended"
