@@ -42,6 +42,7 @@ class Runner:
         runs: Runs,
         outcomes: Outcomes,
         on_retry_queued: Callable[[datetime], None] = lambda _when: None,
+        on_run_ended: Callable[[str], None] = lambda _job: None,
     ) -> None:
         self.db = shared.db
         self.clock = shared.clock
@@ -50,6 +51,8 @@ class Runner:
         self.runs = runs
         self.outcomes = outcomes
         self.on_retry_queued = on_retry_queued
+        self.on_run_ended = on_run_ended
+        """Told the job's name once a run's outcome is written (its lease released)."""
         self.kickoff = Kickoff(shared)
         self._loggers: dict[str, logging.Logger] = {}
 
@@ -116,6 +119,7 @@ class Runner:
             tracing.run_ended(status if recorded else "FENCED", error)
         finally:
             self.runs.remove(handle)
+        self.on_run_ended(job.name)
         if recorded and retry:
             self.on_retry_queued(self.clock.now() + timedelta(seconds=job.retry_backoff))
         return status if recorded else None

@@ -137,6 +137,7 @@ class Service:
             runs=self.runs,
             outcomes=self.outcomes,
             on_retry_queued=lambda when: self.queued.wake_at(when),
+            on_run_ended=lambda name: self.queued.run_ended(name),
         )
         self.firing = Firing(
             {job.name: job for job in self.jobs if job.enabled},

@@ -564,3 +564,43 @@ async def test_a_manual_run_wakes_an_idle_instance_by_notification_on_postgresql
     waited = started[0] - asked
     # A poll comes within a second; a notification within a few milliseconds.
     assert waited < (0.5 if backend == "postgresql" else 2.0), f"started after {waited:.2f} s"
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+async def test_a_manual_run_of_a_busy_forbid_job_starts_in_the_next_gap_between_its_runs(
+    db: Database, backend: str, start_service: ServiceFactory, instances: int
+) -> None:
+    # The job runs 0.8 s of every second: only the gaps are free for the manual run. A recheck
+    # every second stayed in step with the runs and kept one QUEUED 25 to 41 s (issue 25).
+    starts: list[tuple[str, float]] = []  # the job's own record: trigger, real start
+
+    def jobs() -> list[Any]:
+        registry = Registry()
+
+        @every(seconds=1, name="busy", registry=registry)
+        async def busy(ctx: JobContext) -> None:
+            starts.append((ctx.trigger, time.monotonic()))
+            await asyncio.sleep(0.8)
+
+        return list(registry)
+
+    services = [await start_service(jobs(), instance_id=f"busy-{i}") for i in range(instances)]
+    await wait_for(lambda: len(starts) >= 3, timeout=10, what="the job's runs")
+
+    def manual_runs() -> list[float]:
+        return [at for t, at in starts if t == "manual"]
+
+    for attempt in range(3):
+        asked = time.monotonic()
+        await operations.trigger(db, job="busy", params={}, now=services[0].clock.now())
+        await wait_for(
+            lambda: len(manual_runs()) > attempt,  # noqa: B023 (awaited within the iteration)
+            timeout=15,
+            what="the manual run",
+        )
+        manual = manual_runs()[attempt]
+        # Within one period of the job (the next gap), after the trigger is heard of (at once
+        # by notification on PostgreSQL, by a poll within a second elsewhere), with room for a
+        # loaded machine.
+        heard = 0.0 if backend == "postgresql" else 1.0
+        assert manual - asked < heard + 1.6, f"the manual run waited {manual - asked:.2f} s"
