@@ -39,6 +39,15 @@ class Refused(SlotcronError):
     """A command understood the request and refuses it for a stated reason (exit status 1)."""
 
 
+class QueueFull(Refused):
+    """A trigger, restart or retry of a job that already has :data:`MAX_QUEUED` runs waiting
+    ``QUEUED``: refused (exit status 1; HTTP 429), naming the cap."""
+
+
+MAX_QUEUED = 100
+"""The most runs of one job or schedule that may wait ``QUEUED`` at once."""
+
+
 class SlotTaken(SlotcronError):
     """A lost race: another claimer already holds this slot. An expected outcome, not a failure."""
 
