@@ -10,8 +10,11 @@ are claimed together in turn. Whatever a batch could not decide goes on, one by 
 :meth:`app.firing.Firing.fire`; gaps of ``misfire="skip"`` jobs and late slots are recorded
 ``MISSED`` many jobs per transaction.
 
-Permits: one is taken per slot before its claim, and given back when its run ends or at once
-when the slot does not run here; a chunk cancelled (shutdown) gives back all of its own.
+Permits (:mod:`app.permits`): one is taken per slot before its claim, and given back when its
+run ends or at once when the slot does not run here; a chunk cancelled (shutdown) gives back
+all of its own. Slots claimed ahead of their time are claimed under ahead permits, and each of
+their runs takes a run permit only once its slot has come (:meth:`Firing.start_run`): runs
+waiting for their slot hold nothing a job due before it needs.
 
 A burst shared by several instances costs each about its share: every instance cuts the burst
 into the same chunks (by slot and name), takes them in its own order, and once a chunk comes
@@ -33,6 +36,7 @@ from app import misfire
 from app.claims import Claimer
 from app.clock import Clock
 from app.firing import Firing
+from app.permits import Tokens
 from app.registry import Job
 from app.slots import Schedule
 from app.status import Status
@@ -112,14 +116,21 @@ class Burst:
             chunks = [due[i : i + BATCH_SIZE] for i in range(0, len(due), BATCH_SIZE)]
             random.Random(self.claimer.instance_id).shuffle(chunks)
             due = [entry for chunk in chunks for entry in chunk]
+        first = min(slot for _, slot in due)
+        deadline = (first + misfire.grace(self.schedules[due[0][0].name], first)).timestamp()
         while due:
-            permitted = await self.permits.take_up_to(len(due))
+            # Ahead of their slot, runs are claimed under ahead permits: they hold no run
+            # permit another job needs before their slot (app.permits).
+            tokens: Tokens = self.permits.ahead if first > self.clock.now() else self.permits.run
+            permitted = await tokens.take_up_to(len(due), deadline)
             batch, due = due[:permitted], due[permitted:]
             # In chunks claimed concurrently: the first runs start while the database is still
             # deciding later chunks, and no transaction holds thousands of rows.
             chunks = [batch[i : i + BATCH_SIZE] for i in range(0, len(batch), BATCH_SIZE)]
             began = time.perf_counter()
-            await asyncio.gather(*(self._claim_together(chunk, shared=shared) for chunk in chunks))
+            await asyncio.gather(
+                *(self._claim_together(chunk, tokens, shared=shared) for chunk in chunks)
+            )
             cost = (time.perf_counter() - began) / len(batch)
             # What the next burst's lead is sized by: recent bursts weigh most.
             self._claim_cost = min(max(0.7 * self._claim_cost + 0.3 * cost, 5e-6), 1e-3)
@@ -127,23 +138,24 @@ class Burst:
     async def _claim_together(
         self,
         batch: list[tuple[Job, datetime]],
+        tokens: Tokens,
         *,
         check_gap: bool = True,
         shared: _Shared | None = None,
     ) -> None:
-        """Claim ``batch`` under permits already taken, one per slot."""
+        """Claim ``batch`` under permits (``tokens``) already taken, one per slot."""
         try:
             await self._chunks.acquire()
         except BaseException:  # cancelled while waiting its turn (shutdown)
-            self.permits.give_back(len(batch))
+            tokens.give_back(len(batch))
             raise
         try:
-            await self._claim_chunk(batch, check_gap, shared or _Shared())
+            await self._claim_chunk(batch, check_gap, shared or _Shared(), tokens)
         finally:
             self._chunks.release()
 
     async def _claim_chunk(
-        self, batch: list[tuple[Job, datetime]], check_gap: bool, shared: _Shared
+        self, batch: list[tuple[Job, datetime]], check_gap: bool, shared: _Shared, tokens: Tokens
     ) -> None:
         jobs = {job.name: job for job, _ in batch}
         # Jobs mostly share a few schedules: each one's next slot and grace, once per chunk.
@@ -168,11 +180,11 @@ class Burst:
                 if open_ is None:  # the database did not say: claim, and read no more
                     shared.readable = False
                 else:
-                    self.permits.give_back(len(items) - len(open_))
+                    tokens.give_back(len(items) - len(open_))
                     items = open_
             decided = await self.claimer.claim_many(items, give_up_at=give_up_at)
         except BaseException:
-            self.permits.give_back(len(items))
+            tokens.give_back(len(items))
             raise
         if decided.taken - decided.superseded:
             shared.with_others = True
@@ -186,28 +198,33 @@ class Burst:
         starts: dict[int, asyncio.Future[bool]] = {}
         for (slot, key), claims in ahead.items():
             starts |= self.firing.runner.kickoff.at(slot, claims, key)
+        claimed_ahead = tokens is self.permits.ahead
         for name, claim in decided.claims.items():
             if claim.status == Status.RUNNING:
                 job = jobs[name]
                 end = ends[id(self.schedules[name]), claim.scheduled_at]
-                self.firing.start_run(job, claim, end, starts.get(claim.execution_id))
+                self.firing.start_run(
+                    job, claim, end, starts.get(claim.execution_id), ahead=claimed_ahead
+                )
                 continue
-            self.permits.give_back()  # SKIPPED: logged and counted by the claimer
-        self.permits.give_back(len(decided.taken))
+            tokens.give_back()  # SKIPPED: logged and counted by the claimer
+        tokens.give_back(len(decided.taken))
         gaps: list[tuple[Job, datetime]] = []
         for item in decided.undecided:
             job = jobs[item.job_name]
             if job.misfire == "skip":  # many at once after an overload: together, in order
                 gaps.append((job, item.slot))
                 continue
-            self.permits.give_back()
+            tokens.give_back()
             self.firing.spawn(self.firing.fire(job, item.slot), job)
         if gaps:  # keeping their permits
-            self.firing.spawn(self._close_gaps(gaps, decided.expected), None)
+            self.firing.spawn(self._close_gaps(gaps, decided.expected, tokens), None)
         for item in decided.held:
-            self.permits.give_back()
+            tokens.give_back()
             self.firing.spawn(self.firing.fire(jobs[item.job_name], item.slot), jobs[item.job_name])
-        if decided.deferred:  # keeping their permits
+        if decided.deferred:
+            # Claimed again at their slot, under the permits a claim at its slot takes.
+            tokens.give_back(len(decided.deferred))
             deferred = [(jobs[item.job_name], item.slot) for item in decided.deferred]
             self.firing.spawn(self._claim_at_slot(deferred), None)
 
@@ -215,15 +232,11 @@ class Burst:
         """Claim together, once their time has come, the slots a batch claimed ahead deferred
         (a forbid job's lease was still held): under load there may be thousands, and one
         claim each would put the instance further behind."""
-        try:
-            await self.clock.sleep_until(max(slot for _, slot in batch))
-        except BaseException:
-            self.permits.give_back(len(batch))
-            raise
-        await self._claim_together(batch)
+        await self.clock.sleep_until(max(slot for _, slot in batch))
+        await self.fire_together(batch)
 
     async def _close_gaps(
-        self, batch: list[tuple[Job, datetime]], expected: Mapping[str, datetime]
+        self, batch: list[tuple[Job, datetime]], expected: Mapping[str, datetime], tokens: Tokens
     ) -> None:
         """Record MISSED, together, the slots of ``misfire="skip"`` jobs that no instance
         decided before ``batch``'s (claims that gave up under overload, say), then claim the
@@ -256,10 +269,10 @@ class Burst:
                     len(missed),
                 )
         except BaseException:
-            self.permits.give_back(len(batch))
+            tokens.give_back(len(batch))
             raise
         # Their gaps are decided (or were older than catchup_window, passed over): no new check.
-        await self._claim_together(batch, check_gap=False)
+        await self._claim_together(batch, tokens, check_gap=False)
 
     async def miss_together(
         self,

@@ -106,7 +106,7 @@ class Firing:
         # missed slots before it waits its turn behind them (and runs late: a catch-up too).
         queue_up = job.catchup_window if job.misfire == "all" else None
         await self.clock.sleep_until(slot)
-        async with self.permits.one():
+        async with self.permits.one(give_up_at.timestamp()):
             try:
                 claim = await self.claim(
                     job,
@@ -191,23 +191,86 @@ class Firing:
         claim: Claim,
         give_up_at: datetime,
         start: asyncio.Future[bool] | None = None,
+        *,
+        ahead: bool = False,
     ) -> None:
-        """Run a claim made under a capacity permit already taken; give the permit back after.
-        A claim made ahead of its slot starts when its kick-off (``start``: the database stamps
-        its start at the slot, unless its job was paused meanwhile) says so. Past ``give_up_at``
-        (its slot's grace) a claim is late: see :meth:`on_time`."""
+        """Run a claim made under a permit already taken; give the permit back after. A claim
+        made ahead of its slot starts when its kick-off (``start``: the database stamps its
+        start at the slot, unless its job was paused meanwhile) says so. Past ``give_up_at``
+        (its slot's grace) a claim is late: see :meth:`on_time`.
+
+        ``ahead``: the permit taken is an ahead permit (:class:`app.permits.Permits`): the run
+        takes a run permit once its slot has come (the most urgent first), and gives the ahead
+        permit back then."""
+        held: list[bool] = [not ahead]  # whether this run holds a run permit
+
+        async def take_run_permit() -> bool:
+            try:
+                if not await self._run_permit(job, claim, give_up_at):
+                    return False
+                held[0] = True
+                return True
+            finally:
+                self.permits.ahead.give_back()
+
+        async def at_slot() -> bool:
+            assert start is not None
+            if not await start:
+                self.permits.ahead.give_back()
+                return False
+            return await take_run_permit()
 
         async def run() -> None:
             try:
-                on_time = claim if start is not None else await self.on_time(job, claim, give_up_at)
+                gate = start
+                if ahead and start is not None:
+                    gate = asyncio.ensure_future(at_slot())
+                elif ahead and not await take_run_permit():
+                    return
+                on_time = claim if gate is not None else await self.on_time(job, claim, give_up_at)
                 if on_time is not None:
-                    await self.runner.run(job, on_time, start)
+                    await self.runner.run(job, on_time, gate)
             finally:
-                self.permits.give_back()
+                if held[0]:
+                    self.permits.give_back()
 
         task = asyncio.create_task(run(), name=f"slotcron-{job.name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _run_permit(self, job: Job, claim: Claim, give_up_at: datetime) -> bool:
+        """A run permit for a run claimed ahead whose slot has come, the most urgent first;
+        False when the instance had no capacity for it before its grace ended (a ``skip`` job:
+        recorded MISSED, saying so; ``once`` and ``all`` wait on: the slot runs late)."""
+        deadline = give_up_at.timestamp()
+        if job.misfire != "skip":
+            await self.permits.run.take(deadline)
+            return True
+        wait = max((give_up_at - self.clock.now()).total_seconds(), 0.0)
+        try:
+            async with asyncio.timeout(wait):
+                await self.permits.run.take(deadline)
+            return True
+        except TimeoutError:
+            pass
+        reason = (
+            f"no capacity: {self.permits.run.capacity} runs (SCHEDULER_MAX_CONCURRENCY) were "
+            f"in flight on instance {self.claimer.instance_id} until the slot's grace ended"
+        )
+        log.warning("%s slot %s MISSED: %s", job.name, claim.scheduled_at.isoformat(), reason)
+        try:
+            if await run_store.claimed_late(
+                self.claimer.db,
+                run=claim.key,
+                instance_id=self.claimer.instance_id,
+                now=self.clock.now(),
+                missed_reason=reason,
+            ):
+                self.claimer.metrics.slot_recorded(job.name, Status.MISSED)
+        except DB_ERRORS as exc:
+            # Not started, not renewed: its lease lapses and the leader decides it.
+            self.claimer.outage.failed(exc, f"recording {job.name} MISSED")
+        return False
 
     async def _run_claimed(self, job: Job, claim: Claim) -> None:
         self._past_claim()
@@ -216,7 +279,8 @@ class Firing:
 
     async def _run_taken(self, job: Job, claim: Claim) -> None:
         self._past_claim()
-        async with self.permits.one():
+        # A run taken from the queue can wait as long as a slot's longest grace.
+        async with self.permits.one((self.clock.now() + misfire.MAX_GRACE).timestamp()):
             if claim.trigger in (Trigger.CRON, Trigger.INTERVAL):
                 # A slot handed back unstarted (its claimer died, stopped or was fenced first):
                 # on time within its grace, else its job's misfire policy decides it.
