@@ -161,13 +161,35 @@ class QueuedRuns(Role):
     async def poll(self) -> int:
         """Take every due QUEUED execution of a job this instance knows; return how many.
 
-        A page at a time, in one transaction (:func:`queue.take_many`): a burst handed back by
-        an instance that died before its slot is taken in a few statements, not one by one."""
+        Looks until a look takes nothing more (a job's queue is taken one run per look)."""
+        taken = 0
+        while not self._closing:
+            took = await self._look()
+            taken += took
+            if not took:
+                break
+        return taken
+
+    async def _look(self) -> int:
+        """One look at every due QUEUED execution, a page at a time (at most
+        :data:`app.store.queue.PER_JOB` of one job in a page, and paging on past what cannot be
+        taken now: a page of one held job's runs never hides another job's), each page taken
+        in one transaction (:func:`queue.take_many`): a burst handed back by an instance that
+        died before its slot is taken in a few statements, not one by one."""
         taken = 0
         self._held = set()
+        after = queue.BEGINNING
         while not self._closing:
-            page = await queue.due(self.db, now=self.clock.now(), limit=PAGE)
+            page = await queue.due(self.db, now=self.clock.now(), limit=PAGE, after=after)
+            if not page:
+                break
+            after = (page[-1].available_at, page[-1].execution_id)
             known = await self._jobs_of(page)
+            unknown = {item.job_name for item in page if item.job_name not in known}
+            if unknown:  # another version's jobs (left to it), or gone: settled, never taken
+                settled = await queue.settle_orphans(self.db, unknown, now=self.clock.now())
+                for name, count in settled.items():
+                    log.info("%d queued runs of %s SKIPPED: %s", count, name, queue.REMOVED)
             # Another version's jobs are left to an instance that has them.
             wanted = [
                 queue.Wanted(
@@ -180,7 +202,9 @@ class QueuedRuns(Role):
                 if item.job_name in known
             ]
             if not wanted:
-                break
+                if len(page) < PAGE:
+                    break
+                continue
             sent = self.clock.monotonic()
             got = await queue.take_many(
                 self.db, wanted, instance_id=self.instance_id, now=self.clock.now()
@@ -199,7 +223,7 @@ class QueuedRuns(Role):
             for claim in got.claims:
                 self._started(known[claim.job_name], replace(claim, sent=sent))
             taken += len(got.claims)
-            if len(page) < PAGE or not got.claims:  # all due seen, or none takeable now
+            if len(page) < PAGE:  # all due seen
                 break
         return taken
 

@@ -13,9 +13,10 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from app.errors import NotFound, Refused
+from app.errors import MAX_QUEUED, NotFound, QueueFull, Refused
 from app.store.database import Database
 from app.store.lifeline import announce_queued
+from app.store.queue import queued_count
 from app.store.tables import executions, instances, jobs
 
 RESTARTABLE = ("FAILED", "STOPPED", "ABANDONED")
@@ -51,6 +52,16 @@ async def _job_options(conn: Any, name: str) -> dict[str, Any]:
     return dict(row.options or {})
 
 
+async def _room_in_queue(conn: Any, name: str) -> None:
+    """Refuse a run queued past :data:`MAX_QUEUED` of one job (under the job's row lock, which
+    the caller holds: two writers cannot both queue the hundred-and-first)."""
+    if await queued_count(conn, name, at_most=MAX_QUEUED) >= MAX_QUEUED:
+        raise QueueFull(
+            f"{name!r} already has {MAX_QUEUED} runs waiting QUEUED, the most one job may "
+            "have: wait for them to run (or restart fewer at once)"
+        )
+
+
 async def restart(db: Database, *, execution_id: int, now: datetime) -> Queued:
     """Queue a new attempt of the slot of a FAILED, STOPPED or ABANDONED execution, with the
     state last checkpointed for that slot. Spring Batch's rules: a COMPLETED slot never runs
@@ -62,6 +73,7 @@ async def restart(db: Database, *, execution_id: int, now: datetime) -> Queued:
         if row is None:
             raise NotFound(f"no execution with id {execution_id}")
         options = await _job_options(conn, row.job_name)  # locks the job: one restart at a time
+        await _room_in_queue(conn, row.job_name)
         attempts = (
             await conn.execute(
                 select(executions)
@@ -120,6 +132,7 @@ async def trigger(db: Database, *, job: str, params: dict[str, Any], now: dateti
     """Queue a manual run of ``job``: its own slot (the time it was requested)."""
     async with db.transaction() as conn:
         await _job_options(conn, job)
+        await _room_in_queue(conn, job)
         # Two triggers in the same microsecond would share a slot: the unique key says so.
         latest = (
             await conn.execute(

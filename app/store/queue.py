@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Integer, String, bindparam, select, update
+from sqlalchemy import Integer, String, bindparam, func, select, tuple_, update
 
 from app.status import Status
 from app.store.claims import Claim
@@ -23,17 +24,103 @@ class Queued:
     available_at: datetime
 
 
-async def due(db: Database, *, now: datetime, limit: int = 100) -> list[Queued]:
+PER_JOB = 3
+"""Queued executions of one job a page lists at most: a job's queue is taken one at a time,
+and a thousand of one job's (a schedule triggered in a loop) must not fill every page and hide
+the other jobs' behind them."""
+
+
+@functools.cache
+def _due() -> Any:
+    rank = func.row_number().over(
+        partition_by=executions.c.job_name,
+        order_by=(executions.c.available_at, executions.c.id),
+    )
+    ranked = (
+        select(
+            executions.c.id,
+            executions.c.job_name,
+            executions.c.available_at,
+            rank.label("rank"),
+        )
+        .where(
+            executions.c.status == Status.QUEUED,
+            executions.c.available_at <= bindparam("p_now", type_=UTCDateTime()),
+        )
+        .subquery("ranked")
+    )
+    return (
+        select(ranked.c.id, ranked.c.job_name, ranked.c.available_at)
+        .where(
+            ranked.c.rank <= PER_JOB,
+            tuple_(ranked.c.available_at, ranked.c.id)
+            > tuple_(
+                bindparam("p_after_at", type_=UTCDateTime()),
+                bindparam("p_after_id", type_=executions.c.id.type),
+            ),
+        )
+        .order_by(ranked.c.available_at, ranked.c.id)
+        .limit(bindparam("p_limit", type_=Integer()))
+    )
+
+
+BEGINNING = (datetime(1970, 1, 1, tzinfo=UTC), 0)
+
+
+async def due(
+    db: Database,
+    *,
+    now: datetime,
+    limit: int = 100,
+    after: tuple[datetime, int] = BEGINNING,
+) -> list[Queued]:
+    """QUEUED executions due by ``now``, oldest first, at most :data:`PER_JOB` of one job, after
+    ``after`` (the ``(available_at, id)`` of the last one of the previous page)."""
     async with db.read() as conn:
         rows = (
             await conn.execute(
-                select(executions.c.id, executions.c.job_name, executions.c.available_at)
-                .where(executions.c.status == Status.QUEUED, executions.c.available_at <= now)
-                .order_by(executions.c.available_at)
-                .limit(limit)
+                _due(),
+                {"p_now": now, "p_after_at": after[0], "p_after_id": after[1], "p_limit": limit},
             )
         ).all()
     return [Queued(int(r.id), r.job_name, r.available_at) for r in rows]
+
+
+REMOVED = "not run: its job or schedule was removed while it waited"
+
+
+async def settle_orphans(db: Database, names: Collection[str], *, now: datetime) -> dict[str, int]:
+    """Record ``SKIPPED`` every queued execution of those ``names`` that no longer exist as a
+    job or schedule (a schedule removed while runs of it waited): nobody would ever take them.
+    Returns how many were settled, by name."""
+    if not names:
+        return {}
+    settled: dict[str, int] = {}
+    async with db.transaction() as conn:
+        existing = set(
+            (
+                await conn.execute(select(jobs.c.name).where(jobs.c.name.in_(sorted(names))))
+            ).scalars()
+        )
+        for name in sorted(set(names) - existing):
+            result = await conn.execute(
+                update(executions)
+                .where(executions.c.job_name == name, executions.c.status == Status.QUEUED)
+                .values(status=Status.SKIPPED, finished_at=now, error=REMOVED)
+            )
+            settled[name] = int(result.rowcount)
+    return settled
+
+
+async def queued_count(conn: Any, job_name: str, *, at_most: int) -> int:
+    """How many executions of ``job_name`` wait QUEUED, counted up to ``at_most``."""
+    waiting = (
+        select(executions.c.id)
+        .where(executions.c.job_name == job_name, executions.c.status == Status.QUEUED)
+        .limit(at_most)
+        .subquery()
+    )
+    return int((await conn.execute(select(func.count()).select_from(waiting))).scalar_one())
 
 
 @dataclass(frozen=True)
