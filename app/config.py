@@ -34,6 +34,10 @@ MAX_RETENTION_DAYS = 36_500
 MAX_CONCURRENCY = 100_000
 MAX_POOL_SIZE = 1_000
 _HOST_NAME = re.compile(r"^[A-Za-z0-9.\-:\[\]]{1,253}$")
+MIN_TOKEN_LENGTH = 16
+"""Characters of an admin or read token at the least: shorter ones are guessed too soon."""
+_SECRET_FIELDS = ("database_url", "admin_token", "read_token", "alert_webhook_url")
+"""Fields whose value no configuration error quotes."""
 ALERT_EVENTS = ("FAILED", "ABANDONED", "MISSED", "FENCED")
 """What ``SCHEDULER_ALERT_EVENTS`` may name (and its default: all of them)."""
 
@@ -53,6 +57,11 @@ _DRIVERS = {
 
 def _default_instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def _split_tokens(value: SecretStr | None) -> list[str]:
+    """The tokens of a comma-separated token setting (as validated: no blank one)."""
+    return value.get_secret_value().split(",") if value is not None else []
 
 
 def mask_url_text(text: str) -> str:
@@ -103,6 +112,10 @@ class Settings(BaseSettings):
     http_port: int | None = Field(default=None, ge=0, le=65535)
     http_allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     admin_token: SecretStr | None = None
+    """Tokens that may read and write the admin API, comma-separated (several: rotation)."""
+    read_token: SecretStr | None = None
+    """Tokens that may only read the admin API, comma-separated. Listed after
+    ``admin_token``, so its validator sees the admin tokens."""
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     auto_migrate: bool | None = None
@@ -164,24 +177,45 @@ class Settings(BaseSettings):
                 raise ValueError(f"{host!r} is not a host name (expected e.g. cron.example.com)")
         return [host.lower() for host in value]
 
-    @field_validator("admin_token")
+    @field_validator("admin_token", "read_token")
     @classmethod
-    def _usable_token(cls, value: SecretStr | None) -> SecretStr | None:
-        # The token's value is never echoed, even in part.
+    def _usable_tokens(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        # No message names a token's value, or even part of it: they say which one, by place.
         if value is None:
             return None
-        token = value.get_secret_value()
-        if not token.strip():
+        raw = value.get_secret_value()
+        if not raw.strip():
             raise ValueError(
-                "is blank; unset it to refuse every write, or set a token "
+                "is blank; unset it, or set a token "
                 "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
             )
-        if not all(33 <= ord(c) <= 126 for c in token):
+        parts = [part.strip() for part in raw.split(",")]
+        for place, token in enumerate(parts, start=1):
+            # "SCHEDULER_ADMIN_TOKEN: is shorter ..." for one token; "token 2 of 3 is ..." else.
+            which = f"token {place} of {len(parts)} " if len(parts) > 1 else ""
+            if not token:
+                raise ValueError(
+                    f"{which}is empty: tokens are separated by single commas, none blank"
+                )
+            if not all(33 <= ord(c) <= 126 for c in token):
+                raise ValueError(
+                    f"{which}must be printable ASCII without spaces: it travels in an HTTP "
+                    "header, which browsers refuse to send with other characters"
+                )
+            if len(token) < MIN_TOKEN_LENGTH:
+                raise ValueError(
+                    f"{which}is shorter than {MIN_TOKEN_LENGTH} characters; make one with "
+                    "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+                )
+        if len(set(parts)) < len(parts):
+            raise ValueError("lists the same token twice")
+        admin = info.data.get("admin_token") if info.field_name == "read_token" else None
+        if admin is not None and set(parts) & set(_split_tokens(admin)):
             raise ValueError(
-                "must be printable ASCII without spaces: it travels in an HTTP header, which "
-                "browsers refuse to send with other characters"
+                "holds a token SCHEDULER_ADMIN_TOKEN holds too: a token is either read-only "
+                "or an admin's"
             )
-        return value
+        return SecretStr(",".join(parts))
 
     @field_validator("database_pooler", mode="before")
     @classmethod
@@ -267,14 +301,35 @@ class Settings(BaseSettings):
         return value
 
     @property
+    def admin_tokens(self) -> tuple[SecretStr, ...]:
+        """Each token of ``SCHEDULER_ADMIN_TOKEN`` (none when unset)."""
+        return tuple(SecretStr(t) for t in _split_tokens(self.admin_token))
+
+    @property
+    def read_tokens(self) -> tuple[SecretStr, ...]:
+        """Each token of ``SCHEDULER_READ_TOKEN`` (none when unset)."""
+        return tuple(SecretStr(t) for t in _split_tokens(self.read_token))
+
+    @property
     def admin_api_protection(self) -> str:
         """One line for the log of ``run`` and ``check``: who may use the admin API."""
-        if self.admin_token is None:
+        if self.admin_token is None and self.read_token is None:
             return (
                 "admin API: no SCHEDULER_ADMIN_TOKEN, so every write is refused and reads are "
                 "open to anyone who can reach the HTTP port"
             )
-        return "admin API: reads and writes need the bearer token SCHEDULER_ADMIN_TOKEN"
+        admins, readers = len(self.admin_tokens), len(self.read_tokens)
+        writes = (
+            f"writes need one of {admins} admin token(s) (SCHEDULER_ADMIN_TOKEN)"
+            if admins
+            else "every write is refused (no SCHEDULER_ADMIN_TOKEN)"
+        )
+        reads = (
+            f"reads need one of {readers} read token(s) (SCHEDULER_READ_TOKEN) or an admin token"
+            if readers
+            else "reads need the bearer token SCHEDULER_ADMIN_TOKEN"
+        )
+        return f"admin API: {reads}; {writes}"
 
     @property
     def url(self) -> URL:
@@ -390,12 +445,10 @@ def load_settings(**overrides: Any) -> Settings:
     if undecodable:
         raise ConfigError(undecodable, "is not valid UTF-8")
     # env_ignore_empty reads `VAR=` as unset; a blank token must not silently open the API.
-    blank = [k for k, v in environ.items() if k.upper() == PREFIX + "ADMIN_TOKEN" and not v.strip()]
+    tokens = (PREFIX + "ADMIN_TOKEN", PREFIX + "READ_TOKEN")
+    blank = sorted(k.upper() for k, v in environ.items() if k.upper() in tokens and not v.strip())
     if blank:
-        raise ConfigError(
-            PREFIX + "ADMIN_TOKEN",
-            "is blank; unset it to refuse every write, or set a token",
-        )
+        raise ConfigError(blank[0], "is blank; unset it, or set a token")
     try:
         return Settings(**overrides)
     except ValidationError as exc:
@@ -404,7 +457,7 @@ def load_settings(**overrides: Any) -> Settings:
         variable = PREFIX + str(loc).upper() if loc else "configuration"
         message = str(error["msg"]).removeprefix("Value error, ")
         if (
-            loc not in ("database_url", "admin_token", "alert_webhook_url")  # secrets
+            loc not in _SECRET_FIELDS
             and loc
             and "input" in error
             and not isinstance(error["input"], dict)

@@ -310,9 +310,9 @@ def test_an_empty_admin_token_in_the_dotenv_file_is_a_configuration_error(
 
 
 def test_a_token_in_the_dotenv_file_is_read(clean_environment: Path) -> None:
-    (clean_environment / ".env").write_text("SCHEDULER_ADMIN_TOKEN=s3cret-token\n")
+    (clean_environment / ".env").write_text(f"SCHEDULER_ADMIN_TOKEN={TOKEN}\n")
     token = load_settings().admin_token
-    assert token is not None and token.get_secret_value() == "s3cret-token"
+    assert token is not None and token.get_secret_value() == TOKEN
 
 
 def test_a_non_ascii_admin_token_is_refused_without_echoing_it(
@@ -356,7 +356,83 @@ def test_allowed_hosts_are_a_comma_separated_list(monkeypatch: pytest.MonkeyPatc
 
 def test_the_protection_of_the_admin_api_is_stated(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "reads are open" in load_settings().admin_api_protection
-    monkeypatch.setenv("SCHEDULER_ADMIN_TOKEN", "s3cret-token")
+    monkeypatch.setenv("SCHEDULER_ADMIN_TOKEN", TOKEN)
     protection = load_settings().admin_api_protection
     assert "need the bearer token" in protection
     assert "s3cret" not in protection
+    monkeypatch.setenv("SCHEDULER_READ_TOKEN", f"{READER},{READER}-next")
+    protection = load_settings().admin_api_protection
+    assert "reads need one of 2 read token(s)" in protection
+    assert "writes need one of 1 admin token(s)" in protection
+    assert READER not in protection
+
+
+# --- Tokens: several of each kind, at least 16 characters, never echoed -----------------------
+
+TOKEN = "s3cret-token-4f9a2c"
+READER = "r3ader-token-77e1d0"
+
+
+def test_several_admin_tokens_separated_by_commas_are_each_valid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SCHEDULER_ADMIN_TOKEN", f" {TOKEN} , {TOKEN}-new ")
+    settings = load_settings()
+    assert [t.get_secret_value() for t in settings.admin_tokens] == [TOKEN, f"{TOKEN}-new"]
+    assert settings.read_tokens == ()
+    assert TOKEN not in repr(settings)
+
+
+def test_read_tokens_are_their_own_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDULER_READ_TOKEN", f"{READER},{READER}-2")
+    settings = load_settings()
+    assert [t.get_secret_value() for t in settings.read_tokens] == [READER, f"{READER}-2"]
+    assert settings.admin_tokens == ()
+
+
+@pytest.mark.parametrize("variable", ["SCHEDULER_ADMIN_TOKEN", "SCHEDULER_READ_TOKEN"])
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("tiny!", ": is shorter than 16 characters"),
+        ("short-secret-15", ": is shorter than 16 characters"),
+        (f"{TOKEN},short-secret-15", "token 2 of 2 is shorter than 16 characters"),
+        (f"{TOKEN},,{READER}", "token 2 of 3 is empty"),
+        (f"{TOKEN},", "token 2 of 2 is empty"),
+        (f"{TOKEN},{TOKEN}", "lists the same token twice"),
+        (f"{TOKEN},pässwörd-secret-token", "token 2 of 2 must be printable ASCII"),
+    ],
+)
+def test_a_token_too_short_empty_or_doubled_stops_start_up_naming_the_variable_never_the_token(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, says: str
+) -> None:
+    error = refusal(monkeypatch, variable, value)
+    assert error.variable == variable
+    assert says in str(error)
+    message = str(error)
+    for token in value.split(","):
+        if token.strip():
+            assert token.strip() not in message, "a token's value is never echoed"
+    assert "\n" not in message, "one line"
+
+
+def test_a_sixteen_character_token_is_enough(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDULER_READ_TOKEN", "sixteen-chars-ok")
+    assert len(load_settings().read_tokens[0].get_secret_value()) == 16
+
+
+@pytest.mark.parametrize("value", ["", " ", "\t"])
+def test_a_blank_read_token_is_a_configuration_error_too(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    error = refusal(monkeypatch, "SCHEDULER_READ_TOKEN", value)
+    assert error.variable == "SCHEDULER_READ_TOKEN"
+    assert "blank" in str(error)
+
+
+def test_a_token_both_read_only_and_admin_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCHEDULER_ADMIN_TOKEN", TOKEN)
+    error = refusal(monkeypatch, "SCHEDULER_READ_TOKEN", f"{READER},{TOKEN}")
+    assert error.variable == "SCHEDULER_READ_TOKEN"
+    assert "SCHEDULER_ADMIN_TOKEN holds too" in str(error)
+    assert TOKEN not in str(error) and READER not in str(error)

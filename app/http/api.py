@@ -68,7 +68,7 @@ def parse_cursor(text: str) -> tuple[datetime, int]:
 
 class AdminApi:
     """Reads go through :class:`AdminReads` (their own pool, bounded, shared); writes are rare,
-    need the token, and use the service's database (on SQLite its one writer lock)."""
+    need an admin token, and use the service's database (on SQLite its one writer lock)."""
 
     def __init__(
         self, service: Service, auth: TokenCheck, reads: AdminReads, bridge: ServiceBridge

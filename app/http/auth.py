@@ -1,11 +1,16 @@
-"""Who may use the admin API: the bearer of ``SCHEDULER_ADMIN_TOKEN``, through a ``Host`` this
-server answers to.
+"""Who may use the admin API: the bearer of a token, through a ``Host`` this server answers to.
 
-Writes always need the token, and with no token configured every write is refused. Reads of
-the JSON API need it too once a token is configured (executions carry job parameters, state
-and error text, which are not for everyone who can reach the port); with no token they are
-open, for a read-only dashboard on a trusted address. ``/healthz``, ``/readyz``, ``/metrics``
-and the dashboard's own files are always open: they hold no job data.
+Two kinds of token, each setting a comma-separated list (several at once: rotation):
+``SCHEDULER_ADMIN_TOKEN`` may read and write, ``SCHEDULER_READ_TOKEN`` may only read. Writes
+always need an admin token, and with none configured every write is refused (403); a read
+token on a write is refused (403). Reads of the JSON API need a token, read or admin, once any
+token is configured (executions and schedules carry job parameters, state and error text, which
+are not for everyone who can reach the port); with none they are open, for a read-only
+dashboard on a trusted address. ``/healthz``, ``/readyz``, ``/metrics`` and the dashboard's own
+files are always open: they hold no job data.
+
+A token is compared in constant time with every configured token (a digest of each, so neither
+which one matched nor their lengths show in the time taken).
 
 The API and the dashboard answer only requests whose ``Host`` is an IP address, ``localhost``,
 the bind address or one of ``SCHEDULER_HTTP_ALLOWED_HOSTS``: a page on another site cannot
@@ -13,11 +18,13 @@ re-point its own name at this server (DNS rebinding) and read executions through
 
 A wrong or missing token is logged (at most one line per peer per :data:`LOG_EVERY` seconds,
 with a count) and each further failure from the same peer within :data:`FAILURE_WINDOW` is
-answered more slowly, up to :data:`MAX_DELAY` seconds: guessing a token costs time.
+answered more slowly, up to :data:`MAX_DELAY` seconds: guessing a token costs time. A success
+forgets nothing: a peer that holds one good token still pays for its wrong guesses.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import logging
@@ -55,53 +62,64 @@ class _Failures:
 
 
 class TokenCheck:
-    def __init__(self, token: SecretStr | None) -> None:
-        # Compared as bytes: compare_digest takes str only when it is ASCII.
-        value = token.get_secret_value().strip() if token is not None else ""
-        self._token = value.encode() if value else None
+    def __init__(self, admin: Iterable[SecretStr] = (), read: Iterable[SecretStr] = ()) -> None:
+        # Compared as digests of their bytes: compare_digest takes str only when it is ASCII,
+        # and digests of equal length show no token's length.
+        self._admin = [_digest(t.get_secret_value().strip()) for t in admin]
+        self._read = [_digest(t.get_secret_value().strip()) for t in read]
         self._failures: OrderedDict[str, _Failures] = OrderedDict()
 
     def read(self, request: web.Request) -> None:
         """Raise unless the request may read the JSON API."""
-        if self._token is not None:
-            self._check(request)
+        if self._admin or self._read:
+            self._check(request, reading=True)
 
     def write(self, request: web.Request) -> None:
-        """Raise unless the request may change something (trigger, pause, resume, restart)."""
-        if self._token is None:
+        """Raise unless the request may change something (trigger, pause, resume, restart,
+        schedules): it bears an admin token."""
+        if not self._admin:
             raise ApiError(
                 403,
                 "admin API writes are disabled: no SCHEDULER_ADMIN_TOKEN is configured on this "
                 "instance",
             )
-        self._check(request)
+        self._check(request, reading=False)
 
-    def _check(self, request: web.Request) -> None:
-        assert self._token is not None
+    def _check(self, request: web.Request, *, reading: bool) -> None:
         header = request.headers.get("Authorization", "")
         try:
             # aiohttp hands undecodable header bytes over as lone surrogates.
-            header.encode("utf-8")
+            given = header.encode("utf-8")
         except UnicodeEncodeError:
             raise self._failed(
                 request,
                 ApiError(400, "the Authorization header is not valid UTF-8", field="Authorization"),
                 "an undecodable Authorization header",
             ) from None
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not given.strip():
+        scheme, _, token = given.partition(b" ")
+        token = token.strip()
+        if scheme.lower() != b"bearer" or not token:
+            wanted = "a read or admin token" if reading and self._read else "an admin token"
             raise self._failed(
                 request,
-                ApiError(
-                    401,
-                    "missing Authorization: Bearer <SCHEDULER_ADMIN_TOKEN>",
-                    headers=_CHALLENGE,
-                ),
+                ApiError(401, f"missing Authorization: Bearer <{wanted}>", headers=_CHALLENGE),
                 "no bearer token",
             )
-        if not hmac.compare_digest(given.strip().encode(), self._token):
-            raise self._failed(request, ApiError(403, "wrong admin token"), "a wrong token")
-        self._failures.pop(request.remote or "?", None)
+        digest = _digest_bytes(token)
+        # Every token compared, none skipped: the time taken says nothing of which matched.
+        admin = _matches(digest, self._admin)
+        read_only = _matches(digest, self._read)
+        if admin or (reading and read_only):
+            return
+        if read_only:
+            # A valid token, not a guess: refused without counting as a failure.
+            raise ApiError(
+                403,
+                "this token may only read (SCHEDULER_READ_TOKEN); writes need an admin token "
+                "(SCHEDULER_ADMIN_TOKEN)",
+            )
+        wrong = "wrong token" if self._read else "wrong admin token"
+        raise self._failed(request, ApiError(403, wrong), "a wrong token")
 
     def _failed(self, request: web.Request, error: ApiError, what: str) -> ApiError:
         """Count a failure of ``request``'s peer; log it (rate-limited) and set how long the
@@ -132,6 +150,21 @@ class TokenCheck:
         if entry.count > FREE_FAILURES:
             error.delay = min(MAX_DELAY, 0.1 * 2 ** (entry.count - FREE_FAILURES - 1))
         return error
+
+
+def _digest(token: str) -> bytes:
+    return _digest_bytes(token.encode())
+
+
+def _digest_bytes(token: bytes) -> bytes:
+    return hashlib.sha256(token).digest()
+
+
+def _matches(digest: bytes, tokens: list[bytes]) -> bool:
+    found = False
+    for token in tokens:
+        found |= hmac.compare_digest(digest, token)
+    return found
 
 
 class HostCheck:

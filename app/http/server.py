@@ -264,7 +264,7 @@ def build_app(
     service: Service, metrics: PrometheusMetrics, bridge: ServiceBridge
 ) -> web.Application:
     settings = service.settings
-    auth = TokenCheck(settings.admin_token)
+    auth = TokenCheck(settings.admin_tokens, settings.read_tokens)
     hosts = HostCheck(settings.http_host, settings.http_allowed_hosts)
     probes = Probes(service, metrics.registry, bridge)
     reads = AdminReads(service.db)

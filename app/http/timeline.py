@@ -14,7 +14,7 @@ opens).
 ``GET /api/changes`` → ``{"marker": "..."}``, an opaque value that changes when executions or
 jobs may have changed: the dashboard polls it and refetches its listings only when it moves.
 
-All three are reads: they need the admin token once one is configured, as the other reads.
+All three are reads: they need a token (read or admin) once one is configured, as the other reads.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 // slotcron dashboard: a small page over the JSON API.
 // Every few seconds it asks only for a change marker (GET /api/changes: a few index reads) and
 // refetches jobs, executions and timelines only when the marker moves, after a write, or when the
-// view changes. The admin token is asked once and kept in sessionStorage (this tab only).
+// view changes. The token (an admin token, or a read token that may only look) is asked once
+// and kept in sessionStorage (this tab only); a write refused to a read token asks for an admin
+// token and keeps the read token should the person cancel.
 // Two views, chosen by the URL's fragment: the overview (""), and a job's page
 // ("#job=NAME", "#job=NAME&execution=ID" with that execution opened); a runtime schedule's page
 // is a job's page under its id. Everything shown goes in as text (textContent, never HTML):
@@ -111,16 +113,20 @@ function headerToken(value) {
 }
 
 // What no HTTP header can carry, whatever the encoding: control characters. And what the
-// server never accepts as SCHEDULER_ADMIN_TOKEN: anything but printable ASCII.
+// server never accepts as a token (SCHEDULER_ADMIN_TOKEN, SCHEDULER_READ_TOKEN): anything but
+// printable ASCII.
 function tokenProblem(value) {
   if (/[\u0000-\u001f\u007f]/.test(value)) {
-    return "this token holds a control character (a tab, a line break…), which no HTTP header can carry: check SCHEDULER_ADMIN_TOKEN";
+    return "this token holds a control character (a tab, a line break…), which no HTTP header can carry: check SCHEDULER_ADMIN_TOKEN or SCHEDULER_READ_TOKEN";
   }
   if (/[^\u0020-\u007e]/.test(value)) {
-    return "this token holds a character outside printable ASCII, which SCHEDULER_ADMIN_TOKEN never does: check what you pasted";
+    return "this token holds a character outside printable ASCII, which no slotcron token does: check what you pasted";
   }
   return null;
 }
+
+// A write refused because the token given may only read (SCHEDULER_READ_TOKEN).
+const readOnly = (error) => error.status === 403 && /may only read/.test(error.message);
 
 async function api(method, path, body) {
   const headers = { Accept: "application/json" };
@@ -135,7 +141,7 @@ async function api(method, path, body) {
 // Token
 
 function renderTokenButton() {
-  $("token-button").textContent = token() ? "forget admin token" : "enter admin token";
+  $("token-button").textContent = token() ? "forget token" : "enter token";
 }
 
 function askToken(why, isError = false) {
@@ -150,7 +156,7 @@ $("token-button").addEventListener("click", () => {
   if (token()) {
     sessionStorage.removeItem(TOKEN_KEY);
     renderTokenButton();
-    notice("admin token forgotten");
+    notice("token forgotten");
   } else {
     askToken();
   }
@@ -194,6 +200,12 @@ async function write(label, method, path, body) {
       notice(`${label}: ${result.changed ? "done" : "nothing to change"}`);
     }
   } catch (error) {
+    if (readOnly(error)) {
+      // The read token stays (the page keeps reading with it) unless an admin token is given.
+      pending = () => write(label, method, path, body);
+      askToken(`${label}: ${error.message}`, true);
+      return;
+    }
     if (error.status === 401 || error.status === 403) {
       sessionStorage.removeItem(TOKEN_KEY);
       renderTokenButton();
@@ -609,7 +621,7 @@ async function refresh(force = false) {
     if (error.status === 401 || error.status === 403) {
       sessionStorage.removeItem(TOKEN_KEY);
       renderTokenButton();
-      if ($("token-form").hidden) askToken(error.status === 403 ? error.message : "this instance asks for the admin token to show its data");
+      if ($("token-form").hidden) askToken(error.status === 403 ? error.message : "this instance asks for a token (read or admin) to show its data");
     } else {
       $("updated").textContent = `update failed: ${error.message}`;
     }
