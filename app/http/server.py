@@ -15,6 +15,7 @@ the whole drain.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -30,12 +31,13 @@ from app.errors import ConfigError
 from app.http.api import READS_KEY, AdminApi
 from app.http.auth import HostCheck, TokenCheck
 from app.http.bridge import ServiceBridge
-from app.http.errors import json_errors
+from app.http.errors import ApiError, json_errors
 from app.http.probes import Probes
 from app.http.reads import AdminReads
 from app.http.schedules import SchedulesApi
 from app.http.timeline import TimelineApi
 from app.metrics import InstanceCollector, PrometheusMetrics
+from app.records import displayable
 
 if TYPE_CHECKING:
     from app.service import Service
@@ -260,6 +262,60 @@ def _host_guard(hosts: HostCheck) -> Middleware:
     return guard
 
 
+@web.middleware
+async def refuse_nul(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A NUL character anywhere in the path, a query parameter or a string of a JSON body is
+    a 400 naming the field, on every endpoint, before any handler: PostgreSQL cannot store or
+    compare one (a query holding one failed as "database unavailable"), and no name, id or
+    value of slotcron ever holds one."""
+    if "\x00" in request.path:
+        where = next((k for k, v in request.match_info.items() if "\x00" in v), "path")
+        raise ApiError(400, f"{where} contains a NUL character", field=where)
+    for key, value in request.query.items():
+        if "\x00" in key or "\x00" in value:
+            shown = displayable(key, newlines=False)[:100]
+            raise ApiError(400, f"{shown} contains a NUL character", field=shown)
+    if request.body_exists:
+        raw = await request.read()  # kept by aiohttp: the handler reads the same bytes
+        # A NUL reaches a JSON string as a raw byte or as the escape \u0000.
+        if b"\x00" in raw or b"\\u0000" in raw:
+            field = _nul_field(raw)
+            if field is not None:
+                raise ApiError(400, f"{field} contains a NUL character", field=field)
+    return await handler(request)
+
+
+def _nul_field(raw: bytes) -> str | None:
+    """The top-level field of a JSON body whose keys or strings hold a NUL (``body`` when the
+    body is not an object, or not JSON: a raw NUL byte outside any string); None when no
+    string holds one (an escaped backslash followed by ``u0000`` is no NUL)."""
+    try:
+        value = json.loads(raw, strict=False)
+    except (ValueError, RecursionError):
+        return "body" if b"\x00" in raw else None
+    if not isinstance(value, dict):
+        return "body" if _holds_nul(value) else None
+    for key, inner in value.items():
+        if "\x00" in key or _holds_nul(inner):
+            return displayable(key, newlines=False)[:100]
+    return None
+
+
+def _holds_nul(value: Any) -> bool:
+    stack = [value]  # iterative: a deep body must not exhaust the stack
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 def build_app(
     service: Service, metrics: PrometheusMetrics, bridge: ServiceBridge
 ) -> web.Application:
@@ -274,7 +330,12 @@ def build_app(
         await reads.close()
 
     app = web.Application(
-        middlewares=[json_errors, _host_guard(hosts), _paced(ADMIN_REQUESTS_PER_SECOND)],
+        middlewares=[
+            json_errors,
+            _host_guard(hosts),
+            _paced(ADMIN_REQUESTS_PER_SECOND),
+            refuse_nul,
+        ],
         client_max_size=MAX_BODY,
     )
     app[READS_KEY] = reads
