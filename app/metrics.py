@@ -6,14 +6,20 @@ without an HTTP server uses, and :class:`PrometheusMetrics` counts them. State t
 exists (claim statistics, database errors, leadership, draining, the clock offset, runs in
 flight) is read when Prometheus scrapes, by :class:`InstanceCollector`, at no cost between
 scrapes.
+
+Labels are bounded by the code, never by the data (issue 26): a ``job`` label names a code job
+(``@cron``/``@every``), or ``task:<name>`` for every runtime schedule of a task, or
+:data:`OTHER` for anything else (a run the leader recorded for a job or schedule this instance
+does not hold). A million schedules are as many series as one; their own figures stay in the
+API and the timeline. :class:`JobLabels` does the mapping, from what the service gives it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -32,6 +38,48 @@ DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900,
 # Fire lag is measured for these triggers only: a catch-up or retry is late by design, and a
 # manual run's slot is the moment it was asked for.
 ON_TIME_TRIGGERS = frozenset({"cron", "interval"})
+
+
+TASK_LABEL = "task:"
+"""Prefix of the ``job`` label of a task's runtime schedules: ``task:<task name>``."""
+OTHER = "(other)"
+"""The ``job`` label of a name that is neither a code job here nor a schedule held here."""
+
+
+class _Scheduled(Protocol):
+    @property
+    def task(self) -> str: ...
+
+
+class JobLabels:
+    """Maps a job name (what the engine reports) to its ``job`` label: a code job's name; for a
+    runtime schedule held here, ``task:<its task>``; else :data:`OTHER`. Every value comes from
+    the code jobs and tasks named at construction, so no schedule id can become a series.
+
+    ``held`` finds the runtime schedule a name belongs to (the service's
+    ``schedules.held``): a plain dictionary lookup, cheap on a run's path and safe from the
+    watchdog's thread."""
+
+    def __init__(
+        self,
+        jobs: Iterable[str],
+        tasks: Iterable[str],
+        held: Callable[[str], _Scheduled | None],
+    ) -> None:
+        self._jobs = frozenset(jobs)
+        self._tasks = {task: TASK_LABEL + task for task in tasks}
+        self._held = held
+
+    def __call__(self, name: str) -> str:
+        if name in self._jobs:
+            return name
+        job = self._held(name)
+        label = self._tasks.get(job.task) if job is not None else None
+        return label if label is not None else OTHER
+
+
+def _anonymous(name: str) -> str:
+    return OTHER
 
 
 class Metrics:
@@ -58,13 +106,20 @@ class PrometheusMetrics(Metrics):
     """The event counters of one instance, in a registry of its own (several services may
     share a process, as tests do)."""
 
-    def __init__(self, clock: Clock, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        labels: Callable[[str], str] = _anonymous,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.clock = clock
+        self.labels = labels
+        """A job name's ``job`` label (:class:`JobLabels`); every event goes through it."""
         self.registry = registry if registry is not None else CollectorRegistry()
         self._slots = Counter(
             "slotcron_slots",
-            "Slots this instance decided, by job and outcome (COMPLETED, FAILED, STOPPED, "
-            "SKIPPED, MISSED, ABANDONED, FENCED)",
+            "Slots this instance decided, by code job or task (task:<name>) and outcome "
+            "(COMPLETED, FAILED, STOPPED, SKIPPED, MISSED, ABANDONED, FENCED)",
             ["job", "outcome"],
             registry=self.registry,
         )
@@ -77,7 +132,7 @@ class PrometheusMetrics(Metrics):
         )
         self._duration = Histogram(
             "slotcron_run_duration_seconds",
-            "How long runs took, by job",
+            "How long runs took, by code job or task (task:<name>)",
             ["job"],
             buckets=DURATION_BUCKETS,
             registry=self.registry,
@@ -85,28 +140,30 @@ class PrometheusMetrics(Metrics):
         self._blocked = Counter(
             "slotcron_loop_blocked_seconds",
             "Seconds a job held the event loop without yielding (it should await, or run its "
-            "blocking work in a thread), by job",
+            "blocking work in a thread), by code job or task (task:<name>)",
             ["job"],
             registry=self.registry,
         )
         self._stalls = Counter(
             "slotcron_loop_stalls",
-            "Times a job held the event loop for longer than the watchdog tolerates, by job",
+            "Times a job held the event loop for longer than the watchdog tolerates, by code "
+            "job or task (task:<name>)",
             ["job"],
             registry=self.registry,
         )
-        # Children cached per label set: one dict lookup per event instead of labels().
+        # Children cached per label set (never per job name: there may be a million), one
+        # dict lookup per event instead of labels().
         self._slot_children: dict[tuple[str, str], Counter] = {}
         self._duration_children: dict[str, Histogram] = {}
 
-    def _count(self, job: str, outcome: str) -> None:
-        child = self._slot_children.get((job, outcome))
+    def _count(self, label: str, outcome: str) -> None:
+        child = self._slot_children.get((label, outcome))
         if child is None:
-            child = self._slot_children[job, outcome] = self._slots.labels(job, outcome)
+            child = self._slot_children[label, outcome] = self._slots.labels(label, outcome)
         child.inc()
 
     def slot_recorded(self, job: str, outcome: str) -> None:
-        self._count(job, outcome)
+        self._count(self.labels(job), outcome)
 
     def run_started(self, job: str, trigger: str, slot: datetime) -> float:
         if trigger in ON_TIME_TRIGGERS:
@@ -114,15 +171,17 @@ class PrometheusMetrics(Metrics):
         return time.monotonic()
 
     def loop_blocked(self, job: str, seconds: float) -> None:
-        self._blocked.labels(job).inc(seconds)
-        self._stalls.labels(job).inc()
+        label = self.labels(job)
+        self._blocked.labels(label).inc(seconds)
+        self._stalls.labels(label).inc()
 
     def run_finished(self, job: str, outcome: str, began: float) -> None:
-        self._count(job, outcome)
+        label = self.labels(job)
+        self._count(label, outcome)
         if began:
-            child = self._duration_children.get(job)
+            child = self._duration_children.get(label)
             if child is None:
-                child = self._duration_children[job] = self._duration.labels(job)
+                child = self._duration_children[label] = self._duration.labels(label)
             child.observe(time.monotonic() - began)
 
 

@@ -28,7 +28,7 @@ from app.heartbeat import Heartbeat
 from app.inflight import Runs
 from app.leader import Leader
 from app.logs import run_fields
-from app.metrics import Metrics, PrometheusMetrics
+from app.metrics import JobLabels, Metrics, PrometheusMetrics
 from app.outage import DB_ERRORS, Backoff, Outage, describe, refused_login
 from app.outcomes import Outcomes
 from app.permits import Permits
@@ -104,7 +104,15 @@ class Service:
         self.exit_status = 0
         """1 once another process took the instance id over (see :meth:`_id_taken`)."""
         # Counted only when there is an HTTP server to expose them.
-        prometheus = PrometheusMetrics(self.clock) if settings.http_port is not None else None
+        # Labelled by code job and by task, never by schedule id (see app.metrics.JobLabels).
+        labels = JobLabels(
+            [job.name for job in self.jobs],
+            [task.name for task in self.tasks],
+            lambda name: self.schedules.held(name),
+        )
+        prometheus = (
+            PrometheusMetrics(self.clock, labels) if settings.http_port is not None else None
+        )
         self.metrics: Metrics = prometheus or Metrics()
         shared = Collaborators(
             db=self.db,

@@ -5,11 +5,18 @@ within :data:`HEALTH_TIMEOUT` (503), or the probe times out first. ``/readyz`` i
 while the instance is running (not starting, not draining) and the database answers within
 :data:`READY_TIMEOUT`; it turns 503 at phase 1 of shutdown, so a load balancer stops sending
 work while the runs drain.
+
+``/metrics`` is rendered on a worker thread, never on the scheduler's loop, and one rendering
+is shared by every scrape for :data:`METRICS_FRESH_SECONDS` (scrapes that arrive while it is
+being made wait for it): any number of scrapers cost at most one rendering a second.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -30,6 +37,9 @@ READY_TIMEOUT = 2.0
 HEALTH_TIMEOUT = 5.0
 """Seconds ``/healthz`` waits for the service's event loop to answer (it runs on another)."""
 
+METRICS_FRESH_SECONDS = 1.0
+"""How long one rendering of ``/metrics`` answers every scraper."""
+
 
 async def _nothing() -> None:
     return None
@@ -46,6 +56,7 @@ class Probes:
         self.registry = registry
         self.bridge = bridge
         self._ping: asyncio.Task[str | None] | None = None
+        self.exposition = Exposition(registry)
 
     async def healthz(self, request: web.Request) -> web.Response:
         service = self.service
@@ -103,10 +114,45 @@ class Probes:
         return None
 
     async def metrics(self, request: web.Request) -> web.Response:
-        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
-
-        async def render() -> bytes:
-            return encode(self.registry)  # beside the loop that updates the counters
-
-        body = await self.bridge.call(render())
+        body, content_type = await self.exposition.render(request.headers.get("Accept", ""))
         return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+@dataclass(frozen=True)
+class _Rendering:
+    body: bytes
+    at: float
+
+
+class Exposition:
+    """The registry's text, rendered on a worker thread (the counters are prometheus-client's,
+    safe to read from any thread; the instance's own figures are plain attributes) and kept
+    for :data:`METRICS_FRESH_SECONDS`, one rendering per format (Prometheus text, OpenMetrics).
+    Lives on the HTTP server's loop."""
+
+    def __init__(self, registry: CollectorRegistry, fresh: float = METRICS_FRESH_SECONDS) -> None:
+        self.registry = registry
+        self.fresh = fresh
+        self.renderings = 0
+        """How many times the text was made (what scrapers cost)."""
+        self._kept: dict[str, _Rendering] = {}
+        self._flights: dict[str, asyncio.Future[_Rendering]] = {}
+
+    async def render(self, accept: str) -> tuple[bytes, str]:
+        """The text for a scraper that sent ``accept``, and its content type."""
+        encode, content_type = choose_encoder(accept)
+        kept = self._kept.get(content_type)
+        if kept is None or time.monotonic() - kept.at > self.fresh:
+            flight = self._flights.get(content_type)
+            if flight is None:
+                flight = asyncio.ensure_future(self._render(encode, content_type))
+                self._flights[content_type] = flight
+                flight.add_done_callback(lambda _: self._flights.pop(content_type, None))
+            kept = await asyncio.shield(flight)
+        return kept.body, content_type
+
+    async def _render(self, encode: Callable[[CollectorRegistry], bytes], kind: str) -> _Rendering:
+        body = await asyncio.to_thread(encode, self.registry)
+        self.renderings += 1
+        rendering = self._kept[kind] = _Rendering(body, time.monotonic())
+        return rendering
