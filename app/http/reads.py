@@ -7,6 +7,11 @@ waiting (more are answered 503 with ``Retry-After`` at once). Identical reads sh
 (single flight) and its answer for :data:`FRESH_SECONDS`: a hundred open dashboard tabs cost
 one query a second, not a hundred. Every answer carries an ``ETag``; a client that sends it
 back in ``If-None-Match`` gets ``304 Not Modified`` with no body when nothing changed.
+
+The answers kept are bounded by bytes, not by count (issue 26, item 9): at most
+:data:`CACHE_BYTES` in all, an answer larger than :data:`MAX_CACHED_ANSWER` is never kept, and
+answers older than :data:`FRESH_SECONDS` (which nothing serves any more) go first. A page of
+schedules holding 64 KB params each is 32 MB: kept by count, 128 of them held gigabytes.
 """
 
 from __future__ import annotations
@@ -31,7 +36,14 @@ CONCURRENCY = 2
 TIMEOUT = 5.0
 MAX_WAITING = 64
 FRESH_SECONDS = 1.0
-_CACHED = 128
+CACHE_BYTES = 32 * 1024 * 1024
+"""Bytes of answers kept at most (bodies and keys)."""
+MAX_CACHED_ANSWER = CACHE_BYTES // 4
+"""An answer larger than this is served to the requests that share its query, never kept: one
+huge page must not push every dashboard's small answers out."""
+_OVERHEAD = 200
+"""Bytes an entry costs besides its body and key (its objects), counted so that many tiny
+answers are bounded too."""
 
 Produce = Callable[[Database], Awaitable[Any]]
 
@@ -49,6 +61,8 @@ class AdminReads:
         self._gate = asyncio.Semaphore(CONCURRENCY)
         self._waiting = 0
         self._answers: OrderedDict[str, _Answer] = OrderedDict()
+        """Oldest first (an answer is moved to the end when made)."""
+        self._bytes = 0
         self._flights: dict[str, asyncio.Future[_Answer]] = {}
 
     async def respond(self, request: web.Request, key: str, produce: Produce) -> web.Response:
@@ -83,18 +97,44 @@ class AdminReads:
         body = _encode(payload)
         etag = f'"{hashlib.blake2b(body, digest_size=12).hexdigest()}"'
         answer = _Answer(body, etag, time.monotonic())
-        self._answers[key] = answer
-        self._answers.move_to_end(key)
-        while len(self._answers) > _CACHED:
-            self._answers.popitem(last=False)
+        self._keep(key, answer)
         return answer
+
+    def _keep(self, key: str, answer: _Answer) -> None:
+        self._drop(key)
+        size = _size(key, answer)
+        if size > MAX_CACHED_ANSWER:
+            return
+        self._answers[key] = answer
+        self._bytes += size
+        stale = answer.at - FRESH_SECONDS
+        while self._answers:
+            oldest_key, oldest = next(iter(self._answers.items()))
+            if self._bytes <= CACHE_BYTES and oldest.at >= stale:
+                break
+            self._drop(oldest_key)
+
+    def _drop(self, key: str) -> None:
+        answer = self._answers.pop(key, None)
+        if answer is not None:
+            self._bytes -= _size(key, answer)
+
+    @property
+    def kept_bytes(self) -> int:
+        """What the kept answers cost, as counted against :data:`CACHE_BYTES`."""
+        return self._bytes
 
     def forget(self) -> None:
         """Drop every kept answer: a write through the API is seen by the next read."""
         self._answers.clear()
+        self._bytes = 0
 
     async def close(self) -> None:
         await self.db.close()
+
+
+def _size(key: str, answer: _Answer) -> int:
+    return len(answer.body) + len(key) + _OVERHEAD
 
 
 def _busy(why: str) -> ApiError:
