@@ -27,7 +27,7 @@ from sqlalchemy import func, select
 from app import JobContext
 from app.metrics import OTHER, TASK_LABEL, PrometheusMetrics
 from app.registry import Registry, every, task
-from app.runtime import ScheduledJob, scheduled_job
+from app.runtime import ScheduledJob
 from app.service import Service
 from app.store import schedules as store
 from app.store.database import Database
@@ -83,21 +83,14 @@ async def client() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 def schedule_of(service: Service, schedule_id: str) -> ScheduledJob:
-    """The job of a runtime schedule of :data:`TASK`, as the runtime builds it from its row."""
+    """A runtime schedule of :data:`TASK` as the service holds it while it runs: the task's job
+    under the schedule's id (filled in place, as :func:`app.runtime.scheduled_job` fills it)."""
     [tenant] = service.tasks
-    row = SimpleNamespace(
-        name=schedule_id,
-        task=TASK,
-        kind="interval",
-        schedule="60",
-        timezone="UTC",
-        params={"tenant_id": schedule_id},
-        options={},
-        jitter=None,
-        updated_at=datetime.now(UTC),
-        fingerprint="",
+    job = object.__new__(ScheduledJob)
+    job.__dict__.update(
+        {**tenant.__dict__, "name": schedule_id, "task": TASK, "version": None, "mark": ""}
     )
-    return scheduled_job(row, tenant)
+    return job
 
 
 def ran(service: Service, names: list[str]) -> None:
