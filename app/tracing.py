@@ -21,6 +21,10 @@ The hooks are one-line calls from the claimer (:func:`claim_began`, :func:`claim
 runner (:func:`run_began`, :func:`job_started`, :func:`finishing`, :func:`run_ended`). A run's
 state travels in a context variable: every hook of one run is called from the task that runs
 it.
+
+**No secret in a span.** The error text a span's status carries is masked first
+(:func:`app.masking.mask`): a URL's password, ``password=``, ``token=``, ``Bearer …`` never reach
+the collector.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from app.errors import ConfigError
+from app.masking import mask
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer, TracerProvider
@@ -233,10 +238,17 @@ def run_ended(outcome: str, error: str | None = None) -> None:
         run.finish.end()
     run.span.set_attribute("slotcron.outcome", outcome)
     if outcome in ("FAILED", "FENCED"):
-        last = (error or outcome).strip().splitlines()[-1:] or [outcome]
-        run.span.set_status(Status(StatusCode.ERROR, last[0][:300]))
+        run.span.set_status(Status(StatusCode.ERROR, status_description(error or outcome)))
     run.span.end()
     context.detach(run.token)
+
+
+def status_description(error: str) -> str:
+    """What a failed run's span says in its status: the error's last line (a traceback's says
+    what went wrong), masked before it is cut to 300 characters, so a cut cannot leave half a
+    secret unrecognised."""
+    last = mask(error).strip().splitlines()[-1:] or ["FAILED"]
+    return last[0][:300]
 
 
 def _iso(moment: datetime) -> str:

@@ -17,6 +17,7 @@ import pytest
 from app import tracing
 from app.registry import Registry, every
 from tests.conftest import CI, ServiceFactory, wait_for
+from tests.test_masking import SECRET, SHAPES
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -110,6 +111,53 @@ async def test_each_run_is_one_span_with_its_claim_write_and_the_jobs_own_spans_
     # Distinct runs are distinct traces.
     runs = [span for span in spans if span.name.startswith("slotcron.run")]
     assert len({run.context.trace_id for run in runs if run.context is not None}) == len(runs)
+
+
+LEAKY_ERROR = (
+    f"could not reach postgresql://app:{SECRET}@db/x (password={SECRET}, "
+    f"headers {{'Authorization': 'Bearer {SECRET}'}}, api_key={SECRET})"
+)
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_a_failed_runs_span_status_carries_its_error_with_every_secret_masked(
+    start_service: ServiceFactory, exporter: tuple[InMemorySpanExporter, TracerProvider]
+) -> None:
+    memory, _ = exporter
+    registry = Registry()
+
+    @every(seconds=1, name="t.leaky", registry=registry)
+    async def leaky() -> None:
+        raise RuntimeError(LEAKY_ERROR)
+
+    await start_service(list(registry))
+
+    def failed() -> list[ReadableSpan]:
+        return named(list(memory.get_finished_spans()), "slotcron.run t.leaky")
+
+    runs: list[ReadableSpan] = await wait_for(failed, timeout=15, what="a failed run's span")
+    description = runs[0].status.description or ""
+    assert SECRET not in description, description
+    assert "postgresql://app:***@db/x" in description and "password=***" in description
+    assert "'Bearer ***'" in description and "api_key=***" in description
+    for span in memory.get_finished_spans():  # nor in any attribute of any span
+        assert SECRET not in repr(dict(span.attributes or {}))
+
+
+@pytest.mark.parametrize(("text", "kept"), SHAPES, ids=[kept for _, kept in SHAPES])
+def test_a_span_status_masks_every_secret_shape(text: str, kept: str) -> None:
+    error = f"Traceback (most recent call last):\n  ...\nRuntimeError: {text}"
+    description = tracing.status_description(error)
+    assert SECRET not in description and kept in description
+
+
+def test_a_span_status_is_masked_before_it_is_cut() -> None:
+    """Cut first, a long error could lose a URL's "@" and, with it, what makes its password
+    recognisable."""
+    error = "x" * 270 + f" postgresql://app:{SECRET}@db/x"
+    assert len(error[:300]) == 300 and "@" not in error[:300]
+    description = tracing.status_description(error)
+    assert len(description) <= 300 and "Hunter" not in description
 
 
 _SERVICE_SCRIPT = textwrap.dedent(

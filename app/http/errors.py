@@ -1,7 +1,8 @@
 """Every HTTP error is a small JSON object: ``{"error": "...", "field": "..."}``.
 
 Bad input names the field it is about; nothing a client sends can produce a traceback, and no
-message carries a database password.
+message carries a secret: every body is masked (:func:`app.masking.mask`: URL passwords,
+``password=``, ``token=``, ``secret=``, ``api_key=``, ``Bearer``/``Basic`` credentials).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from app.config import mask_url_text
+from app.masking import mask
 from app.outage import DB_ERRORS, describe
 
 log = logging.getLogger("slotcron.http")
@@ -37,9 +38,9 @@ class ApiError(Exception):
 def error_response(
     status: int, message: str, *, field: str | None = None, headers: Any = None
 ) -> web.Response:
-    body: dict[str, Any] = {"error": mask_url_text(message)}
+    body: dict[str, Any] = {"error": mask(message)}
     if field is not None:
-        body["field"] = field
+        body["field"] = mask(field)
     return web.json_response(body, status=status, headers=headers)
 
 
