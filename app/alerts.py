@@ -18,7 +18,16 @@ event carries an ``id`` the receiver can deduplicate on.
 **Never in the way.** Emitting is a non-blocking put into a bounded queue; one task POSTs,
 retrying with backoff. A full queue drops the event and counts it; a dead webhook costs
 counters (``slotcron_alerts_*``) and a warning at most once a minute, never a slot. Events never
-carry a password or the admin token: errors are masked, and the URL is printed masked.
+carry a secret: every text field is masked (:func:`app.masking.mask`, and the admin token and
+the webhook's own password by value), and the URL is printed masked.
+
+**Whatever the endpoint does.** The endpoint is outside slotcron's control, and may be hostile
+(whoever controls it, or its DNS). A POST has a connect timeout (:data:`CONNECT_TIMEOUT`) and a
+total one (:data:`POST_TIMEOUT`) covering headers and body; redirects are not followed (a 307
+would re-POST the event to a host nobody configured, a 302 turn it into a GET that "succeeds"):
+a 3xx is a failed delivery, retried and logged like a 5xx; at most :data:`ANSWER_LIMIT` bytes of
+an answer are read (a longer one's connection is closed, never drained), undecompressed. A slow,
+huge, looping or silent endpoint costs this one task its time, never the scheduler's loop.
 
 The emit points in the scheduling core are one-line calls: ``alerts.of(instance_id).…``, where
 the instance id finds the service's sender (several services may share a process, as tests do).
@@ -41,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from app.clock import Clock
-from app.config import mask_url_text
+from app.masking import mask, mask_value
 
 if TYPE_CHECKING:
     import aiohttp
@@ -58,6 +67,11 @@ QUEUE_LIMIT = 1000
 MISSED_WINDOW = 60.0
 """MISSED slots of one job recorded within this many seconds are one event."""
 POST_TIMEOUT = 10.0
+"""Seconds one POST may take in all: connecting, sending, the answer's headers and body."""
+CONNECT_TIMEOUT = 5.0
+"""Seconds to get a connection (DNS included): a black-holed address fails fast."""
+ANSWER_LIMIT = 64 * 1024
+"""Bytes of an answer read at the most; past it the connection is closed."""
 RETRY_FIRST, RETRY_CAP = 1.0, 60.0
 MAX_ATTEMPTS = 8
 """POSTs of one event before it is dropped (about two minutes of backoff)."""
@@ -178,7 +192,8 @@ class Webhook(Alerts):
         self.alerting = alerting
         self.dashboard = dashboard
         token = settings.admin_token.get_secret_value() if settings.admin_token else None
-        self._secrets = [s for s in (token, urlsplit(self.url).password) if s]
+        # Masked by value, wherever they appear: the token, and the webhook's own password.
+        self._secrets = tuple(s for s in (token, urlsplit(self.url).password) if s)
         self.stats = AlertStats()
         self._queue: deque[dict[str, Any]] = deque()
         self._ready = asyncio.Event()  # something is queued
@@ -281,8 +296,10 @@ class Webhook(Alerts):
             "sent_by": self.instance_id,
             "dashboard": self.dashboard(),
             "at": _iso(self.clock.now()),
-            **more,
+            **mask_value(more, self._secrets),
         }
+        # Names are ids a client chose (a runtime schedule's): masked like any text.
+        body["job"], body["id"] = mask(job, self._secrets), mask(body["id"], self._secrets)
         if len(self._queue) >= QUEUE_LIMIT:
             self.stats.dropped += 1
             self._warn(
@@ -297,10 +314,9 @@ class Webhook(Alerts):
     def _scrub(self, error: str | None) -> str | None:
         if error is None:
             return None
-        text = mask_url_text(error)
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text[-ERROR_CHARS:]  # a traceback's end says what went wrong
+        # Masked whole, then cut: a traceback's end says what went wrong, and a cut made first
+        # could leave the tail of a secret without the shape that makes it recognisable.
+        return mask(error, self._secrets)[-ERROR_CHARS:]
 
     # --- sending ---------------------------------------------------------------------------
 
@@ -308,8 +324,13 @@ class Webhook(Alerts):
         import aiohttp  # imported only when a webhook is configured
 
         self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=POST_TIMEOUT),
-            headers={"User-Agent": "slotcron-alerts"},
+            timeout=aiohttp.ClientTimeout(
+                total=POST_TIMEOUT, connect=CONNECT_TIMEOUT, sock_connect=CONNECT_TIMEOUT
+            ),
+            headers={"User-Agent": "slotcron-alerts", "Accept-Encoding": "identity"},
+            # The answer is never looked at: a compressed one is not worth inflating (a small
+            # gzip answer can inflate to gigabytes).
+            auto_decompress=False,
         )
         self._task = asyncio.create_task(self._send_loop(), name="slotcron-alerts")
         log.info("alerts: %s events to %s", ",".join(sorted(self.events)), self.safe_url)
@@ -354,26 +375,24 @@ class Webhook(Alerts):
 
     async def _deliver(self, body: dict[str, Any]) -> None:
         """POST until a 2xx, a refusal (a 4xx other than 408 and 429: sending it again would
-        not help), or :data:`MAX_ATTEMPTS`."""
+        not help), or :data:`MAX_ATTEMPTS`. A 3xx is a failure like a 5xx: not followed."""
         import aiohttp
 
-        assert self._session is not None
         data = json.dumps(body).encode()
         delay = RETRY_FIRST
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
-                async with self._session.post(
-                    self.url, data=data, headers={"Content-Type": "application/json"}
-                ) as response:
-                    status = response.status
-                    await response.read()
+                status = await self._post(data)
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                problem = f"{type(exc).__name__}: {mask_url_text(str(exc))}"[:200]
+                said = str(exc) or f"no whole answer within {POST_TIMEOUT:g} s"
+                problem = f"{type(exc).__name__}: {mask(said, self._secrets)}"[:200]
             else:
                 if 200 <= status < 300:
                     self.stats.sent += 1
                     return
                 problem = f"HTTP {status}"
+                if 300 <= status < 400:
+                    problem += " (a redirect: not followed, an alert goes to the URL configured)"
                 if 400 <= status < 500 and status not in (408, 429):
                     self.stats.failed += 1
                     self.stats.dropped += 1
@@ -401,6 +420,31 @@ class Webhook(Alerts):
             body["job"],
             MAX_ATTEMPTS,
         )
+
+    async def _post(self, data: bytes) -> int:
+        """One POST; its answer's status. Reads at most :data:`ANSWER_LIMIT` bytes of the answer
+        (to its end when it is that short, so the connection can serve the next POST), and
+        closes the connection of a longer one instead of draining it."""
+        assert self._session is not None
+        # The session's total timeout bounds the request; this bounds the whole of it, the
+        # answer's body and the closing included, whatever aiohttp's version counts in "total".
+        async with (
+            asyncio.timeout(POST_TIMEOUT),
+            self._session.post(
+                self.url,
+                data=data,
+                headers={"Content-Type": "application/json"},
+                allow_redirects=False,
+            ) as response,
+        ):
+            read = 0
+            while read <= ANSWER_LIMIT:
+                chunk = await response.content.read(ANSWER_LIMIT + 1 - read)
+                if not chunk:
+                    return response.status
+                read += len(chunk)
+            response.close()
+            return response.status
 
     def _warn(self, message: str, *args: object) -> None:
         """At most one warning a minute: a dead webhook must not flood the log."""

@@ -1,17 +1,23 @@
-"""Alert settings and the per-job option: bad values stop start-up naming the variable, and a
-webhook URL's password is never printed."""
+"""Alert settings and the per-job option: bad values stop start-up naming the variable, a
+webhook URL's password is never printed, and no secret shape reaches an event."""
 
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from app.alerts import safe_url
-from app.config import ALERT_EVENTS, load_settings
+from app.alerts import Webhook, safe_url
+from app.clock import SystemClock
+from app.config import ALERT_EVENTS, Settings, load_settings
 from app.errors import ConfigError, InvalidJobError
 from app.registry import Registry, cron, every
+from app.store.claims import Claim
+from tests.conftest import wait_for
+from tests.test_masking import SECRET, SHAPES
+from tests.webhook import webhook
 
 PASSWORD = "pa55-w0rd"
 
@@ -106,3 +112,25 @@ def test_alert_must_be_true_or_false() -> None:
         async def odd() -> None: ...
 
     assert "'odd'" in str(caught.value) and "alert" in str(caught.value)
+
+
+def claim_of(job: str) -> Claim:
+    moment = datetime(2026, 1, 1, tzinfo=UTC)
+    return Claim(7, job, moment, "cron", "RUNNING", 1, moment, 60_000)
+
+
+@pytest.mark.parametrize(("text", "kept"), SHAPES, ids=[kept for _, kept in SHAPES])
+async def test_every_secret_shape_is_masked_in_an_alerts_text_fields(text: str, kept: str) -> None:
+    """The error (a traceback's end) and every other text of the event."""
+    async with webhook() as listener:
+        sender = Webhook(Settings(alert_webhook_url=listener.url), alerting={}, clock=SystemClock())
+        await sender.start()
+        try:
+            sender.run_finished(claim_of("alerts.leaky"), "FAILED", text, recorded=True, final=True)
+            sender.run_fenced(claim_of("alerts.fenced"), f"its lease lapsed; {text}")
+            await wait_for(lambda: len(listener.accepted) >= 2, timeout=10, what="both events")
+        finally:
+            await sender.stop()
+    for post in listener.accepted:
+        assert SECRET.encode() not in post.raw, post.raw
+        assert kept in post.body["error"]
