@@ -2,6 +2,11 @@
 
 Exit status: 0 done, 1 refused (or the database could not be reached), 2 bad usage or
 configuration. Errors are one line on stderr; no password ever appears.
+
+Everything printed goes through :func:`say` (or :func:`say_json`, or a table of escaped cells):
+ids, names, errors and params are written by jobs and clients, so their control characters (C0,
+DEL, C1, ESC among them, and the bidirectional overrides) are printed as ``\x1b`` escapes and
+cannot recolour, retitle or clear the terminal, nor forge a line of output.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 from app import logs
 from app.config import Settings, load_settings
@@ -30,10 +35,22 @@ from app.springcron import day_rule
 from app.version import __version__
 
 
+def say(text: str, *, file: TextIO | None = None) -> None:
+    """Print one line of output, its control characters escaped (newlines too: one line)."""
+    print(displayable(text, newlines=False), file=file)
+
+
+def say_json(value: Any) -> None:
+    """Print ``value`` as indented JSON. ``json.dumps`` escapes C0 controls and everything past
+    ASCII (C1 included); DEL, which JSON allows raw, is escaped here: still the same JSON."""
+    print(json.dumps(value, indent=2).replace("\x7f", "\\u007f"))
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        # One line: the usage is one `--help` away.
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        # One line: the usage is one `--help` away. argparse quotes what it refuses.
+        shown = displayable(message, newlines=False)
+        self.exit(2, f"{self.prog}: error: {shown} (see {self.prog} --help)\n")
 
 
 def _parse_since(text: str) -> datetime:
@@ -265,28 +282,28 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 
     before, after = _run_async(go())
     if before == after:
-        print(f"database already at revision {after}; nothing to do")
+        say(f"database already at revision {after}; nothing to do")
     else:
-        print(f"database migrated from {before or 'empty'} to revision {after}")
+        say(f"database migrated from {before or 'empty'} to revision {after}")
     return 0
 
 
 def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
     jobs = import_jobs([*settings.jobs, *args.jobs])
-    print(f"configuration ok: database {settings.safe_url}, {len(jobs)} jobs")
+    say(f"configuration ok: database {settings.safe_url}, {len(jobs)} jobs")
     _log_admin_api(settings)
     now = datetime.now(UTC)
     for job in jobs:
         schedule = job.schedule(settings.timezone)
         zone = job.timezone or settings.timezone if job.kind == "cron" else "UTC"
         state = "" if job.enabled else " (disabled)"
-        print(f"{job.name}  {schedule.describe()}  {zone}{state}")
+        say(f"{job.name}  {schedule.describe()}  {zone}{state}")
         if job.kind == "cron" and (rule := day_rule(*normalise_cron(job.expression))):
-            print(f"  {rule}")
+            say(f"  {rule}")
         slot = now
         for _ in range(5):
             slot = schedule.next_after(slot)
-            print(f"  {iso(slot)}")
+            say(f"  {iso(slot)}")
     return 0
 
 
@@ -305,7 +322,7 @@ def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
 
     records = _run_async(go())
     if args.json:
-        print(json.dumps([execution_json(r) for r in records], indent=2))
+        say_json([execution_json(r) for r in records])
         return 0
     rows = []
     for r in records:
@@ -329,7 +346,7 @@ def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
     header = ("ID", "JOB", "SLOT (UTC)", "TRIGGER", "STATUS", "TRY", "INSTANCE", "TOOK", "ERROR")
     _print_table(header, rows)
     if not records:
-        print("no executions match")
+        say("no executions match")
     return 0
 
 
@@ -346,7 +363,7 @@ def cmd_instances(settings: Settings, args: argparse.Namespace) -> int:
 
     records = _run_async(go())
     if args.json:
-        print(json.dumps([instance_json(r) for r in records], indent=2))
+        say_json([instance_json(r) for r in records])
         return 0
     _print_table(
         (
@@ -374,7 +391,7 @@ def cmd_instances(settings: Settings, args: argparse.Namespace) -> int:
         ],
     )
     if not records:
-        print("no instances have registered")
+        say("no instances have registered")
     return 0
 
 
@@ -399,7 +416,7 @@ def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
 
     records = _with_db(settings, work)
     if args.json:
-        print(json.dumps([job_json(r) for r in records], indent=2))
+        say_json([job_json(r) for r in records])
         return 0
     _print_table(
         (
@@ -429,7 +446,7 @@ def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
         ],
     )
     if not records:
-        print("no jobs are known to the database yet")
+        say("no jobs are known to the database yet")
     return 0
 
 
@@ -446,7 +463,7 @@ def cmd_trigger(settings: Settings, args: argparse.Namespace) -> int:
         )
 
     queued = _with_db(settings, work)
-    print(
+    say(
         f"queued execution {queued.execution_id}: {queued.job} manual run "
         f"(slot {iso(queued.scheduled_at)})"
     )
@@ -464,7 +481,7 @@ def cmd_pause(settings: Settings, args: argparse.Namespace) -> int:
         ),
     )
     state = "paused" if pausing else "resumed"
-    print(f"{args.job} {state}" if changed else f"{args.job} was already {state}")
+    say(f"{args.job} {state}" if changed else f"{args.job} was already {state}")
     return 0
 
 
@@ -475,7 +492,7 @@ def cmd_restart(settings: Settings, args: argparse.Namespace) -> int:
         return await operations.restart(db, execution_id=args.execution_id, now=await db.now())
 
     queued = _with_db(settings, work)
-    print(
+    say(
         f"queued execution {queued.execution_id}: {queued.job} slot {iso(queued.scheduled_at)}, "
         f"attempt {queued.attempt} (restart)"
     )
@@ -525,13 +542,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         logs.configure(settings.log_level, settings.log_format)
         return COMMANDS[args.command](settings, args)
     except ConfigError as exc:
-        print(f"slotcron: configuration error: {exc}", file=sys.stderr)
+        say(f"slotcron: configuration error: {exc}", file=sys.stderr)
         return 2
     except (InvalidJobError, UsageError) as exc:
-        print(f"slotcron: error: {exc}", file=sys.stderr)
+        say(f"slotcron: error: {exc}", file=sys.stderr)
         return 2
     except Refused as exc:
-        print(f"slotcron: refused: {exc}", file=sys.stderr)
+        say(f"slotcron: refused: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # The reader went away (`slotcron history | head`): not an error of ours.
@@ -539,13 +556,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except DB_ERRORS as exc:
         if refused_login(exc):
-            print(
+            say(
                 "slotcron: configuration error: SCHEDULER_DATABASE_URL: the database refused us: "
                 f"{describe(exc)}",
                 file=sys.stderr,
             )
             return 2
-        print(f"slotcron: database error: {describe(exc)}", file=sys.stderr)
+        say(f"slotcron: database error: {describe(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -20,6 +20,8 @@ from app.cli import (
     _text,
     _with_db,
     import_jobs,
+    say,
+    say_json,
 )
 from app.config import Settings
 from app.errors import InvalidJobError
@@ -152,7 +154,10 @@ def _add(settings: Settings, args: argparse.Namespace) -> int:
         return await store.create(db, [item], default_timezone=settings.timezone, by="cli")
 
     record = _with_db(settings, work)[0]
-    print(json.dumps(schedule_json(record), indent=2) if args.json else record.spec.id)
+    if args.json:
+        say_json(schedule_json(record))
+    else:
+        say(record.spec.id)
     return 0
 
 
@@ -164,7 +169,7 @@ def _list(settings: Settings, args: argparse.Namespace) -> int:
 
     records: list[ScheduleRecord] = _with_db(settings, work)
     if args.json:
-        print(json.dumps([schedule_json(r) for r in records], indent=2))
+        say_json([schedule_json(r) for r in records])
         return 0
     _print_table(
         ("ID", "TASK", "SCHEDULE", "TIMEZONE", "NEXT SLOT (UTC)", "PAUSED", "PARAMS"),
@@ -182,7 +187,7 @@ def _list(settings: Settings, args: argparse.Namespace) -> int:
         ],
     )
     if not records:
-        print("no schedules match")
+        say("no schedules match")
     return 0
 
 
@@ -202,21 +207,21 @@ def _show(settings: Settings, args: argparse.Namespace) -> int:
     slots = [iso(s) for s in next_slots(record, SHOWN_SLOTS)]
     if args.json:
         shown = {**schedule_json(record), "next_slots": slots, "task_live": live}
-        print(json.dumps(shown, indent=2))
+        say_json(shown)
         return 0
     shown = schedule_json(record)
     for key in ("id", "task", "cron", "every", "timezone", "jitter", "paused", "created_at"):
         if shown[key] is not None:
-            print(f"{key}: {shown[key]}")
-    print(f"params: {json.dumps(record.spec.params)}")
+            say(f"{key}: {shown[key]}")
+    say(f"params: {json.dumps(record.spec.params)}")
     if not live:
-        print(
+        say(
             "task_live: no (no live instance registers this task: its slots wait, and are "
             "decided by its misfire policy once one starts)"
         )
-    print(f"next {SHOWN_SLOTS} slots (UTC):")
+    say(f"next {SHOWN_SLOTS} slots (UTC):")
     for slot in slots:
-        print(f"  {slot}")
+        say(f"  {slot}")
     return 0
 
 
@@ -230,9 +235,9 @@ def _update(settings: Settings, args: argparse.Namespace) -> int:
 
     record: ScheduleRecord = _with_db(settings, work)
     if args.json:
-        print(json.dumps(schedule_json(record), indent=2))
+        say_json(schedule_json(record))
     else:
-        print(f"updated {record.spec.id}: next slot {iso(record.next_slot)}")
+        say(f"updated {record.spec.id}: next slot {iso(record.next_slot)}")
     return 0
 
 
@@ -243,5 +248,5 @@ def _remove(settings: Settings, args: argparse.Namespace) -> int:
         await store.remove(db, args.id, now=await db.now())
 
     _with_db(settings, work)
-    print(f"removed {args.id}")
+    say(f"removed {args.id}")
     return 0

@@ -129,7 +129,6 @@ async def test_schedules_are_added_listed_shown_updated_and_removed_from_the_com
         (["add", "reports.send", "--every", "5", "--params-json", "{oops"], "params:"),
         (["add", "reports.send", "--every", "5", "--jitter", "-1"], "jitter:"),
         (["add", "reports.send"], "--cron"),
-        (["add", "reports.send", "--every", "5", "--id", CODE_JOB], "id: already taken"),
     ],
 )
 async def test_bad_input_exits_2_naming_the_field_and_writes_nothing(
@@ -139,6 +138,17 @@ async def test_bad_input_exits_2_naming_the_field_and_writes_nothing(
     done = cli(*args)
     assert done.returncode == 2, done
     assert field in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert await schedule_rows(db_url) == 0
+
+
+async def test_an_id_already_taken_is_refused_with_exit_1_naming_the_field(
+    cli: Cli, db_url: str
+) -> None:
+    """Issue 26, item 4: a duplicate is a refusal (exit 1), never a driver error."""
+    await add_code_job(db_url)
+    done = cli("add", "reports.send", "--every", "5", "--id", CODE_JOB)
+    assert done.returncode == 1, done
+    assert "id: already taken" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert await schedule_rows(db_url) == 0
 
 
