@@ -3,11 +3,12 @@
 Two kinds of token, each setting a comma-separated list (several at once: rotation):
 ``SCHEDULER_ADMIN_TOKEN`` may read and write, ``SCHEDULER_READ_TOKEN`` may only read. Writes
 always need an admin token, and with none configured every write is refused (403); a read
-token on a write is refused (403). Reads of the JSON API need a token, read or admin, once any
-token is configured (executions and schedules carry job parameters, state and error text, which
-are not for everyone who can reach the port); with none they are open, for a read-only
-dashboard on a trusted address. ``/healthz``, ``/readyz``, ``/metrics`` and the dashboard's own
-files are always open: they hold no job data.
+token on a write is refused (403). Reads of the JSON API need a token, read or admin, once
+``SCHEDULER_READ_TOKEN`` is set (executions and schedules carry job parameters, state and error
+text, which are not for everyone who can reach the port: set it wherever the port is not a
+trusted address); without it they are open (CONTRACT.md), for a read-only dashboard.
+``/healthz``, ``/readyz``, ``/metrics`` and the dashboard's own files are always open: they
+hold no job data.
 
 A token is compared in constant time with every configured token (a digest of each, so neither
 which one matched nor their lengths show in the time taken).
@@ -71,7 +72,7 @@ class TokenCheck:
 
     def read(self, request: web.Request) -> None:
         """Raise unless the request may read the JSON API."""
-        if self._admin or self._read:
+        if self._read:
             self._check(request, reading=True)
 
     def write(self, request: web.Request) -> None:

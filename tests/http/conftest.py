@@ -14,6 +14,7 @@ from tests.cluster.harness import Instance, wait_until
 from tests.conftest import ServiceFactory, Spawn
 
 TOKEN = "test-admin-token-8c1f"
+READ_TOKEN = "test-read-token-51d0"
 
 _LISTENING = re.compile(r"http listening on (http://\S+)")
 

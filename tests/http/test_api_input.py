@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from app.registry import Registry, cron
-from tests.http.conftest import TOKEN, auth, base_url
+from tests.http.conftest import READ_TOKEN, TOKEN, auth, base_url
 
 LONG = "x" * 201
 DEEP = "[" * 40 + "]" * 40
@@ -128,7 +128,7 @@ async def raw_request(url: str, head: bytes) -> tuple[int, bytes]:
 async def test_an_undecodable_authorization_header_is_a_400_naming_it_not_a_traceback(
     serve: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    service = await serve([], admin_token=TOKEN)
+    service = await serve([], admin_token=TOKEN, read_token=READ_TOKEN)
     status, body = await raw_request(
         base_url(service),
         b"GET /api/executions HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
@@ -182,7 +182,7 @@ async def test_the_api_answers_only_to_its_own_host_names_and_the_probes_to_any(
 async def test_failed_token_attempts_are_logged_rate_limited_and_slowed_per_peer(
     serve: Any, client: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
 ) -> None:
-    service = await serve([], admin_token=TOKEN)
+    service = await serve([], admin_token=TOKEN, read_token=READ_TOKEN)
     url = base_url(service)
     took = []
     for _ in range(8):

@@ -20,7 +20,7 @@ from app.service import Service
 from app.store.database import Database
 from app.store.tables import executions, jobs
 from tests.conftest import wait_for
-from tests.http.conftest import TOKEN, auth, base_url
+from tests.http.conftest import READ_TOKEN, TOKEN, auth, base_url
 
 YEARLY = "0 0 1 1 *"  # never due during a test: the rows are the test's own
 COMMA = "report,eu/daily"  # a comma and a slash: why `job` repeats instead of a list
@@ -213,10 +213,10 @@ async def test_a_timeline_request_costs_one_bounded_query_per_job_whatever_the_h
     assert all("LIMIT" in s.upper() for s in statements)
 
 
-async def test_timeline_reads_need_the_token_once_one_is_configured(
+async def test_timeline_reads_need_a_token_once_a_read_token_is_configured(
     db: Database, serve: Any, client: aiohttp.ClientSession
 ) -> None:
-    service = await serve(list(timeline_jobs()), admin_token=TOKEN)
+    service = await serve(list(timeline_jobs()), admin_token=TOKEN, read_token=READ_TOKEN)
     url = timeline_url(service, ["t.alpha"])
     assert (await get(client, url, token=None))[0] == 401
     assert (await get(client, url, token="wrong-token"))[0] == 403
