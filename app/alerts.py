@@ -191,9 +191,9 @@ class Webhook(Alerts):
         self.instance_id = settings.instance_id
         self.alerting = alerting
         self.dashboard = dashboard
-        token = settings.admin_token.get_secret_value() if settings.admin_token else None
-        # Masked by value, wherever they appear: the token, and the webhook's own password.
-        self._secrets = tuple(s for s in (token, urlsplit(self.url).password) if s)
+        tokens = [t.get_secret_value() for t in (*settings.admin_tokens, *settings.read_tokens)]
+        # Masked by value, wherever they appear: every token, and the webhook's own password.
+        self._secrets = tuple(s for s in (*tokens, urlsplit(self.url).password) if s)
         self.stats = AlertStats()
         self._queue: deque[dict[str, Any]] = deque()
         self._ready = asyncio.Event()  # something is queued

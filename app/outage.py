@@ -12,7 +12,7 @@ from typing import TypeVar
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from app.config import mask_url_text
+from app.masking import mask
 from app.store.dialects import DRIVER_ERRORS
 from app.store.dialects import refused_login as refused_login
 
@@ -106,10 +106,11 @@ class Backoff:
 
 
 def describe(exc: BaseException) -> str:
-    """One line about a database error, with no password in it."""
+    """One line about a database error, with no secret in it (app.masking): masked before it is
+    cut, so a cut cannot leave half a URL's password showing."""
     orig = getattr(exc, "orig", None) or exc
     text = f"{type(orig).__name__}: {orig}".splitlines()[0]
-    return mask_url_text(text)[:300]
+    return mask(text)[:300]
 
 
 def resume_cancellation(exc: BaseException) -> None:
