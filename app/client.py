@@ -8,9 +8,10 @@ async with app.Client("postgresql+asyncpg://...") as client:
 
 It writes to the database directly, through the same checks and store as the CLI and the API
 (:mod:`app.store.schedules`): bad input raises :class:`app.InvalidJobError` naming the field and
-writes nothing; an unknown id raises :class:`app.errors.NotFound`; updating or removing a
-``@cron``/``@every`` job raises :class:`app.errors.Refused`. A task is known when this process
-registered it with ``@task`` or an instance recorded it (see :mod:`app.schedules`).
+writes nothing (an id already taken too, naming ``id``); an unknown id raises
+:class:`app.errors.NotFound`; updating or removing a ``@cron``/``@every`` job raises
+:class:`app.errors.Refused`. A task is known when this process registered it with ``@task`` or
+an instance recorded it (see :mod:`app.schedules`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Any
 
 from app.clock import DatabaseClock
 from app.config import load_settings
-from app.schedules import TaskInfo, schedule_json
+from app.errors import InvalidJobError
+from app.schedules import IdTaken, TaskInfo, schedule_json
 from app.store import schedules as store
 from app.store.database import Database
 
@@ -103,15 +105,19 @@ class Client:
 
     async def add_schedules(self, items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Create many schedules in one transaction, all or none (each a mapping with the
-        keywords of :meth:`add_schedule`); returns them in order."""
-        records = await store.create(
-            self.db,
-            list(items),
-            default_timezone=self._settings.timezone,
-            by="client",
-            now=await self._now(),
-            remembered=self._tasks,
-        )
+        keywords of :meth:`add_schedule`); returns them in order. An id already taken raises
+        :class:`InvalidJobError` naming ``id``, as any bad input."""
+        try:
+            records = await store.create(
+                self.db,
+                list(items),
+                default_timezone=self._settings.timezone,
+                by="client",
+                now=await self._now(),
+                remembered=self._tasks,
+            )
+        except IdTaken as exc:
+            raise InvalidJobError(exc.id, exc.field, exc.problem) from None
         return [schedule_json(r) for r in records]
 
     async def update_schedule(

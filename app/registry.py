@@ -4,16 +4,22 @@ schedules are data (CONTRACT.md, "Schedules at runtime"); all checked when decla
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Iterator
+import re
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal, TypedDict, TypeVar, Unpack
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from app.errors import InvalidJobError
-from app.slots import IntervalSchedule, Schedule, normalise_cron, shared
+from app.slots import IntervalSchedule, Schedule, normalise_cron, shared, zone_problem
 
 MAX_NAME_LENGTH = 200
+MIN_INTERVAL = 1.0
+"""Seconds: the shortest interval of an ``@every`` job or a runtime schedule (a paused schedule of
+a millisecond wrote 330 SKIPPED rows a second)."""
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+"""Control characters (C0, DEL, C1): never in a name or an id, which reach log lines, terminals
+and URLs."""
 OVERLAP = ("forbid", "allow")
 MISFIRE = ("skip", "once", "all")
 
@@ -112,6 +118,33 @@ REGISTRY = Registry()
 """The process-wide registry that ``@cron`` and ``@every`` add to."""
 
 
+def name_problem(name: object, longest: int = MAX_NAME_LENGTH) -> str | None:
+    """Why ``name`` cannot name a job, a task or a schedule (None when it can): a non-blank
+    string of valid Unicode, at most ``longest`` characters, without control characters."""
+    if not isinstance(name, str) or not name.strip():
+        return f"must be a non-empty string, got {shown(name)}"
+    if len(name) > longest:
+        return f"has at most {longest} characters, got {len(name)}"
+    found = CONTROL.search(name)
+    if found is not None:
+        return f"holds a control character ({found.group()!r} at {found.start()})"
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid Unicode (a lone surrogate)"
+    return None
+
+
+def shown(value: object) -> str:
+    """``value`` fit for a message: its repr (control characters escaped), cut short; an
+    integer too long to write out (past Python's digit limit) is named, not written."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"a {type(value).__name__} too long to show"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _check_function(name: str, func: Any) -> bool:
     """Refuse what is not ``async def f()`` or ``async def f(ctx)``; return whether it takes ctx."""
     if not inspect.iscoroutinefunction(func):
@@ -139,12 +172,71 @@ def _check_function(name: str, func: Any) -> bool:
 
 
 def _check_number(name: str, option: str, value: Any, *, minimum: float, strict: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidJobError(name, option, f"must be a number of seconds, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise InvalidJobError(name, option, f"must be a number of seconds, got {shown(value)}")
     if value < minimum or (strict and value == minimum):
         relation = "greater than" if strict else "at least"
         raise InvalidJobError(name, option, f"must be {relation} {minimum:g}, got {value!r}")
     return float(value)
+
+
+def _seconds(minimum: float, strict: bool, *, optional: bool = False) -> Callable[..., Any]:
+    def check(name: str, option: str, value: Any) -> float | None:
+        if optional and value is None:
+            return None
+        return _check_number(name, option, value, minimum=minimum, strict=strict)
+
+    return check
+
+
+def _one_of(allowed: tuple[str, ...]) -> Callable[..., Any]:
+    def check(name: str, option: str, value: Any) -> str:
+        if value not in allowed:
+            raise InvalidJobError(name, option, f"must be one of {allowed}, got {shown(value)}")
+        return str(value)
+
+    return check
+
+
+def _attempts(name: str, option: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidJobError(
+            name, option, f"must be a whole number of at least 1, got {shown(value)}"
+        )
+    return value
+
+
+def _flag(name: str, option: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidJobError(name, option, f"must be True or False, got {shown(value)}")
+    return value
+
+
+_OPTION_CHECKS: dict[str, Callable[[str, str, Any], Any]] = {
+    "overlap": _one_of(OVERLAP),
+    "misfire": _one_of(MISFIRE),
+    "catchup_window": _seconds(0, strict=False),
+    "lease": _seconds(0, strict=True, optional=True),
+    "timeout": _seconds(0, strict=True, optional=True),
+    "max_attempts": _attempts,
+    "retry_backoff": _seconds(0, strict=False),
+    "jitter": _seconds(0, strict=False),
+    "restartable": _flag,
+    "enabled": _flag,
+    "alert": _flag,
+}
+"""Each option of :meth:`Job.options` and its check."""
+
+
+def check_options(job: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options among ``options`` that a job has (:meth:`Job.options`), checked: a decorator's,
+    or those stored with a runtime schedule's row, which a writer outside this code may have
+    changed. Other keys are left out. Raises :class:`InvalidJobError` naming the option."""
+    return {
+        option: check(job, option, options[option])
+        for option, check in _OPTION_CHECKS.items()
+        if option in options
+    }
 
 
 class JobOptions(TypedDict, total=False):
@@ -200,82 +292,32 @@ def _build(
     expression: str,
     name: str | None,
     timezone: str | None,
-    overlap: str,
-    misfire: str,
-    catchup_window: float,
-    lease: float | None,
-    timeout: float | None,
-    max_attempts: int,
-    retry_backoff: float,
-    jitter: float,
-    restartable: bool,
-    enabled: bool,
-    alert: bool,
     registry: Registry | None,
+    **options: Any,
 ) -> Job:
     default_name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
     job_name = default_name if name is None else name
-    if not isinstance(job_name, str) or not job_name.strip():
-        raise InvalidJobError(str(job_name), "name", "must be a non-empty string")
-    if len(job_name) > MAX_NAME_LENGTH:
-        raise InvalidJobError(
-            job_name[:40] + "...",
-            "name",
-            f"is {len(job_name)} characters long; at most {MAX_NAME_LENGTH} allowed",
-        )
+    problem = name_problem(job_name)
+    if problem is not None:
+        # Named by its beginning: a message need not repeat 201 characters.
+        who = job_name if isinstance(job_name, str) else repr(job_name)
+        raise InvalidJobError(who if len(who) <= 40 else who[:40] + "...", "name", problem)
     takes_context = _check_function(job_name, func)
     if kind == "cron":
         try:
             normalise_cron(expression)
         except ValueError as exc:
             raise InvalidJobError(job_name, "schedule", str(exc)) from None
-    if timezone is not None:
-        try:
-            ZoneInfo(timezone)
-        except (ZoneInfoNotFoundError, ValueError, TypeError):
-            raise InvalidJobError(
-                job_name, "timezone", f"unknown IANA time zone {timezone!r}"
-            ) from None
-    if overlap not in OVERLAP:
-        raise InvalidJobError(job_name, "overlap", f"must be one of {OVERLAP}, got {overlap!r}")
-    if misfire not in MISFIRE:
-        raise InvalidJobError(job_name, "misfire", f"must be one of {MISFIRE}, got {misfire!r}")
-    catchup = _check_number(job_name, "catchup_window", catchup_window, minimum=0, strict=False)
-    lease_s = (
-        None if lease is None else _check_number(job_name, "lease", lease, minimum=0, strict=True)
-    )
-    timeout_s = (
-        None
-        if timeout is None
-        else _check_number(job_name, "timeout", timeout, minimum=0, strict=True)
-    )
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise InvalidJobError(
-            job_name, "max_attempts", f"must be a whole number of at least 1, got {max_attempts!r}"
-        )
-    backoff = _check_number(job_name, "retry_backoff", retry_backoff, minimum=0, strict=False)
-    jitter_s = _check_number(job_name, "jitter", jitter, minimum=0, strict=False)
-    for option, value in (("restartable", restartable), ("enabled", enabled), ("alert", alert)):
-        if not isinstance(value, bool):
-            raise InvalidJobError(job_name, option, f"must be True or False, got {value!r}")
+    if timezone is not None and (problem := zone_problem(timezone)) is not None:
+        raise InvalidJobError(job_name, "timezone", problem)
     job = Job(
         name=job_name,
         func=func,
         kind=kind,
         expression=expression,
         timezone=timezone,
-        overlap=overlap,
-        misfire=misfire,
-        catchup_window=catchup,
-        lease=lease_s,
-        timeout=timeout_s,
-        max_attempts=max_attempts,
-        retry_backoff=backoff,
-        jitter=jitter_s,
-        restartable=restartable,
-        enabled=enabled,
-        alert=alert,
         takes_context=takes_context,
+        **check_options(job_name, options),
     )
     (REGISTRY if registry is None else registry).add(job)
     return job
@@ -323,11 +365,16 @@ def every(
         for unit, value in parts.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise InvalidJobError(label, unit, f"must be a number, got {value!r}")
-        total = timedelta(**parts).total_seconds()
+        try:
+            total = timedelta(**parts).total_seconds()
+        except (OverflowError, ValueError):
+            raise InvalidJobError(label, "interval", "must be a finite number of seconds") from None
         if total <= 0:
             raise InvalidJobError(label, "interval", f"must be positive, got {total:g} seconds")
-        if total < 0.001:
-            raise InvalidJobError(label, "interval", f"must be at least 1 ms, got {total:g} s")
+        if total < MIN_INTERVAL:
+            raise InvalidJobError(
+                label, "interval", f"must be at least {MIN_INTERVAL:g} second, got {total:g} s"
+            )
         _build(func, kind="interval", expression=f"{total:g}", **chosen)
         return func
 

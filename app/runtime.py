@@ -19,6 +19,11 @@ horizon, whatever the number of schedules in the database.
 
 A schedule's claim is a job's claim: the row lock, the high-water mark and the unique slot make
 each slot once across the cluster; a claim that finds the row gone (removed) decides nothing.
+
+A row that cannot be read (:func:`app.schedules.read_row`: broken by a writer outside slotcron)
+is quarantined: logged once at WARNING with its id and why, never fired, counted
+(:attr:`Runtime.quarantined`), and read again at each refresh until a write mends it or removes
+it. Every other schedule fires as if it were not there.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
+from app import alerts
 from app.burst import LEAD_BASE, LEAD_MAX, Burst
 from app.clock import Clock
 from app.context import JobContext
@@ -42,6 +48,7 @@ from app.outage import DB_ERRORS
 from app.planner import Planner
 from app.registry import Job, JobFunc
 from app.roles import Collaborators, Role
+from app.schedules import ScheduleSpec, UnreadableSpec, read_row, stored_options
 from app.slots import Schedule
 from app.store import due as due_store
 from app.store.dialects import Listening
@@ -68,7 +75,6 @@ DEFER_POLL_SECONDS = 0.25
 UNKNOWN_EVERY_SECONDS = 300.0
 """How often an instance looks for schedules of tasks no live instance registers."""
 _FIELDS = tuple(f.name for f in fields(Job))
-_OPTIONS = frozenset(_FIELDS) - {"name", "func", "kind", "expression"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,26 +117,31 @@ def _template(task: Job) -> dict[str, Any]:
     return held[1]
 
 
-def scheduled_job(row: Any, task: Job) -> ScheduledJob:
-    """The job of a schedule's row (:func:`app.store.due.due_before`) whose task is ``task``:
-    the task's options as stored with the row (every instance runs it alike), its own jitter
-    when it has one."""
+def scheduled_job(row: Any, task: Job, spec: ScheduleSpec | None = None) -> ScheduledJob:
+    """The job of a schedule's row (:func:`app.store.due.by_ids`), read as ``spec`` (default:
+    :func:`app.schedules.read_row`; ValueError if the row cannot be read), whose task is
+    ``task``: the task's options as stored with the row (every instance runs it alike;
+    ``alert`` among them), its own jitter when it has one."""
+    if spec is None:
+        spec = read_row(row)
+    if isinstance(spec, UnreadableSpec):
+        raise ValueError(f"schedule {spec.id!r} cannot be read: {spec.error}")
     values = dict(_template(task))
-    values.update((k, v) for k, v in dict(row.options or {}).items() if k in _OPTIONS)
-    if row.jitter is not None:
-        values["jitter"] = row.jitter
+    values.update(stored_options(spec.id, row.options))
+    if spec.jitter is not None:
+        values["jitter"] = spec.jitter
     values.update(
-        name=row.name,
-        func=_with_params(task, dict(row.params or {})),
-        kind=row.kind,
-        expression=row.schedule,
-        timezone=row.timezone,
+        name=spec.id,
+        func=_with_params(task, spec.params),
+        kind=spec.kind,
+        expression=spec.expression,
+        timezone=spec.timezone,
         takes_context=True,
     )
-    values.update(version=row.updated_at, task=row.task, mark=row.fingerprint or "")
+    values.update(version=row.updated_at, task=spec.task, mark=row.fingerprint or "")
     # Filled in place, not through the frozen dataclass's __init__ (a guarded setattr per
-    # field): every field is in ``values``, from a registered task and a row checked when it
-    # was written; building the jobs was a third of loading 100,000 schedules.
+    # field): every field is in ``values``, from a registered task and a row read through the
+    # checks of a write; building the jobs was a third of loading 100,000 schedules.
     job = object.__new__(ScheduledJob)
     job.__dict__.update(values)
     # Its plan set on the new object, not by ``replace``: building a job twice was most of
@@ -159,6 +170,23 @@ class JobSchedules(dict[str, Schedule]):
         if job is None or job.plan is None:
             raise KeyError(name)
         return job.plan
+
+
+class AlertFlags(dict[str, bool]):
+    """Whether each job's events go to the alert webhook, by name, as the alert sender reads it
+    (``.get(name, True)``): code jobs' as entries; a runtime schedule's from its job while
+    anything holds it (a run, a claim: whenever one of its events is sent), which carries its
+    task's ``alert`` option. Nothing here grows with the number of schedules."""
+
+    def __init__(self, code: dict[str, bool], schedules: JobSchedules) -> None:
+        super().__init__(code)
+        self._schedules = schedules
+
+    def get(self, name: str, default: Any = None) -> Any:
+        if name in self:
+            return self[name]
+        job = self._schedules.held(name)
+        return job.alert if job is not None else default
 
 
 class RuntimePlanner(Planner):
@@ -262,6 +290,17 @@ class Runtime(Role):
         self._reported: set[str] = set()
         self.loaded = 0
         """Schedules loaded into memory since start (for tests and benchmarks)."""
+        self.unreadable: dict[str, str] = {}
+        """Schedules due within the horizon whose row cannot be read, by id: why. Not fired."""
+        self._warned: dict[str, str] = {}
+        """What was logged of each unreadable row: each problem once, until the row is mended
+        or removed."""
+
+    @property
+    def quarantined(self) -> int:
+        """How many schedules due within the horizon are quarantined now (their rows cannot be
+        read): the figure for a gauge."""
+        return len(self.unreadable)
 
     @property
     def listening(self) -> bool:
@@ -272,7 +311,16 @@ class Runtime(Role):
             await self._listening.close()
             self._listening = None
 
+    def _alert_flags(self) -> None:
+        """Let the alert sender see the ``alert`` option of schedules' tasks (``@task(alert=
+        False)``): it knows code jobs' only (:class:`AlertFlags`)."""
+        sender = alerts.of(self.instance_id)
+        flags = getattr(sender, "alerting", None)
+        if isinstance(flags, dict) and not isinstance(flags, AlertFlags):
+            sender.alerting = AlertFlags(flags, self.schedules)  # type: ignore[attr-defined]
+
     async def run(self) -> None:
+        self._alert_flags()
         while not self.tasks:  # nothing to fire here: only report what no instance fires
             try:
                 await self._report_unknown()
@@ -361,6 +409,8 @@ class Runtime(Role):
             rows_by_id = await due_store.by_ids(self.db, missing)
             for name in missing:
                 self._apply(name, rows_by_id.get(name), now)
+        for name in [n for n in self.unreadable if n not in seen]:
+            del self.unreadable[name]  # removed, or moved past the horizon by a write
         self.planner.forget_popped(now - 2 * self.horizon - MAX_GRACE)
 
     def _stale(self, name: str, row: Any, now: datetime) -> bool:
@@ -371,6 +421,8 @@ class Runtime(Role):
         held = planner.current.get(name)
         if row is None or row.task not in self.tasks or row.next_slot_at is None:
             planner.drop(name)
+            self.unreadable.pop(name, None)
+            self._warned.pop(name, None)
             return False
         version = (row.updated_at, row.fingerprint or "")
         if held is not None and (held.version, held.mark) == version:
@@ -388,10 +440,34 @@ class Runtime(Role):
         """Bring what is held of schedule ``name`` in line with its row (None: removed)."""
         if not self._stale(name, row, now):
             return
-        job = scheduled_job(row, self.tasks[row.task])
+        job = self._job(row, self.tasks[row.task])
+        if job is None:
+            self.planner.drop(name)
+            return
         self.schedules.hold(job)
         self.planner.admit(job, row.next_slot_at)
         self.loaded += 1
+
+    def _job(self, row: Any, task: Job) -> ScheduledJob | None:
+        """The job of a schedule's row, or None when the row cannot be read: quarantined (logged
+        once, counted), while every other schedule goes on."""
+        spec = read_row(row)
+        if isinstance(spec, UnreadableSpec):
+            if self._warned.get(spec.id) != spec.error:
+                self._warned[spec.id] = spec.error
+                log.warning(
+                    "schedule %r cannot be read and is not fired until a write mends it or "
+                    "removes it (the other schedules fire as usual): %s",
+                    spec.id,
+                    spec.error,
+                    extra={"job": spec.id, "quarantined": spec.error},
+                )
+            self.unreadable[spec.id] = spec.error
+            return None
+        self.unreadable.pop(spec.id, None)
+        if self._warned.pop(spec.id, None) is not None:
+            log.info("schedule %r can be read again: it fires from its next slot", spec.id)
+        return scheduled_job(row, task, spec)
 
     def reread(self, names: list[str]) -> None:
         """Read these schedules again by id: a claim of one was refused for presenting a version
@@ -409,8 +485,9 @@ class Runtime(Role):
         task = self.tasks.get(row.task) if row is not None else None
         if task is None:
             return None
-        job = scheduled_job(row, task)
-        self.schedules.hold(job)
+        job = self._job(row, task)
+        if job is not None:
+            self.schedules.hold(job)
         return job
 
     def _notified(self, payload: str) -> None:

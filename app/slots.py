@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
-from zoneinfo import ZoneInfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from croniter import croniter
 
@@ -35,6 +35,10 @@ ALIASES = {
     "@hourly": "0 * * * *",
 }
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_ZONE_LENGTH = 64  # as the tables' timezone columns
+MACHINE_ZONES = frozenset({"localtime", "posixrules"})
+"""Files some systems keep beside the zones: their rules are the machine's, not a zone's (two
+instances would place a schedule's slots differently)."""
 
 
 class Schedule(Protocol):
@@ -45,6 +49,29 @@ class Schedule(Protocol):
         ...
 
     def describe(self) -> str: ...
+
+
+def zone_problem(name: object) -> str | None:
+    """Why ``name`` is not an IANA time zone, or None when it is one (a key of the zone database
+    that loads). A directory of the database ("America"), an empty name, a path or a file that
+    is not a zone is not one; the answer never shows where the database is installed."""
+    if not isinstance(name, str) or not name or len(name) > MAX_ZONE_LENGTH:
+        shown = repr(name)[:MAX_ZONE_LENGTH]
+        return f"must be an IANA time zone name of 1 to {MAX_ZONE_LENGTH} characters, got {shown}"
+    if name not in _zone_names():
+        return f"unknown IANA time zone {name!r}"
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        return f"IANA time zone {name!r} cannot be read here"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _zone_names() -> frozenset[str]:
+    """The zones of this process's zone database (the system's, else the ``tzdata`` package's),
+    read once: 20 ms."""
+    return frozenset(available_timezones()) - MACHINE_ZONES
 
 
 def normalise_cron(expression: str) -> tuple[str, bool]:

@@ -8,9 +8,10 @@ the schedule; ``DELETE /api/schedules/{id}`` → 204. An id may hold "/" (a gene
 client percent-encodes it.
 
 The checks are :mod:`app.schedules`' (400 naming the field, nothing written); an unknown id is
-404; updating or removing a ``@cron``/``@every`` job is 409. A task is known when this instance
-registers it or any instance recorded it. Reads use the admin plane's own pool; writes need the
-token and run on the service's database, as the other writes.
+404; an id already taken, and updating or removing a ``@cron``/``@every`` job, are 409. An
+unreadable schedule (a row broken outside slotcron) is listed with its ``error``. A task is
+known when this instance registers it or any instance recorded it. Reads use the admin plane's
+own pool; writes need the token and run on the service's database, as the other writes.
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ from app.http.bridge import ServiceBridge
 from app.http.errors import ApiError
 from app.http.reads import AdminReads
 from app.records import iso
-from app.schedules import CHANGEABLE, FIELDS, ScheduleRecord, schedule_json
+from app.schedules import (
+    CHANGEABLE,
+    FIELDS,
+    IdTaken,
+    ScheduleRecord,
+    check_text,
+    schedule_json,
+)
 from app.store import due
 from app.store import schedules as store
 from app.store.database import Database
@@ -162,7 +170,11 @@ def _id(request: web.Request) -> str:
     schedule_id = request.match_info["id"]
     if not schedule_id or len(schedule_id) > MAX_ID:
         raise ApiError(400, f"a schedule id has 1 to {MAX_ID} characters", field="id")
-    return _check_text(schedule_id, "id")
+    _check_text(schedule_id, "id")
+    try:
+        return check_text("?", "id", schedule_id)  # no control character: no id holds one
+    except InvalidJobError as exc:
+        raise ApiError(400, f"id {exc.problem}", field="id") from None
 
 
 async def _found(work: Awaitable[T]) -> T:
@@ -173,11 +185,13 @@ async def _found(work: Awaitable[T]) -> T:
 
 
 async def _checked(work: Awaitable[T]) -> T:
-    """A write's refusals in HTTP terms: bad input 400 naming the field, an unknown id 404, a
-    code job 409."""
+    """A write's refusals in HTTP terms: bad input 400 naming the field, an unknown id 404, an
+    id already taken or a code job 409."""
     try:
         return await _found(work)
     except InvalidJobError as exc:
         raise ApiError(400, str(exc), field=exc.field) from None
+    except IdTaken as exc:
+        raise ApiError(409, str(exc), field=exc.field) from None
     except Refused as exc:
         raise ApiError(409, str(exc)) from None

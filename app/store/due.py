@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import String, and_, bindparam, func, or_, select
 
 from app.store.database import Database
-from app.store.tables import UTCDateTime, changes, instances, jobs, tasks
+from app.store.tables import UTCDateTime, as_stored, changes, instances, jobs, tasks
 
 PAGE = 20_000
 """Schedules per page of the horizon's range read (five short columns each). Large: a page
@@ -34,13 +34,16 @@ _DUE_COLUMNS = (
     jobs.c.kind,
     jobs.c.schedule,
     jobs.c.timezone,
-    jobs.c.options,
-    jobs.c.params,
+    as_stored(jobs.c.options),
+    as_stored(jobs.c.params),
     jobs.c.jitter,
+    jobs.c.paused,
     jobs.c.updated_at,
     jobs.c.next_slot_at,
     jobs.c.fingerprint,
 )
+"""A schedule's whole row, its JSON as stored text: :func:`app.schedules.read_row` reads each
+row on its own, so one that cannot be read is quarantined alone."""
 
 _RANGE_COLUMNS = (
     jobs.c.name,

@@ -32,9 +32,17 @@ from sqlalchemy.exc import IntegrityError
 from app.errors import InvalidJobError, NotFound, Refused
 from app.records import iso
 from app.registry import REGISTRY, Job, Registry
-from app.schedules import ScheduleRecord, ScheduleSpec, TaskInfo, changed_spec, new_spec
+from app.schedules import (
+    IdTaken,
+    ScheduleRecord,
+    ScheduleSpec,
+    TaskInfo,
+    changed_spec,
+    new_spec,
+    read_row,
+)
 from app.store.database import Database
-from app.store.tables import changes, executions, jobs, tasks
+from app.store.tables import as_stored, changes, executions, jobs, tasks
 
 CHANNEL = "slotcron_schedules"
 CHANGES_ROW = "schedules"
@@ -46,13 +54,15 @@ CHUNK = 1000
 """Names per ``IN (...)`` list and rows per upsert of tasks: under every driver's limit of bound
 parameters (asyncpg's 32,767; SQLite's 32,766)."""
 
+
 _COLUMNS = (
     jobs.c.name,
     jobs.c.task,
     jobs.c.kind,
     jobs.c.schedule,
     jobs.c.timezone,
-    jobs.c.params,
+    as_stored(jobs.c.params),
+    as_stored(jobs.c.options),
     jobs.c.jitter,
     jobs.c.paused,
     jobs.c.registered_at,
@@ -62,17 +72,9 @@ _COLUMNS = (
 
 
 def _record(row: Any) -> ScheduleRecord:
+    """A stored schedule; an unreadable one (:attr:`ScheduleRecord.error`) rather than an error."""
     return ScheduleRecord(
-        spec=ScheduleSpec(
-            id=row.name,
-            task=row.task,
-            kind=row.kind,
-            expression=row.schedule,
-            timezone=row.timezone,
-            params=dict(row.params or {}),
-            jitter=row.jitter,
-            paused=bool(row.paused),
-        ),
+        spec=read_row(row),
         created_at=row.registered_at,
         updated_at=row.updated_at,
         next_slot=row.next_slot_at,
@@ -201,9 +203,11 @@ async def add_many(
     by: str,
 ) -> list[ScheduleRecord]:
     """Store many schedules in one transaction, all or none, one multi-row INSERT per page
-    (:data:`PAGES`). An id already taken (by a job, a schedule, or twice in ``specs``) refuses
-    the whole batch with :class:`InvalidJobError` naming it. ``tasks`` gives each task's
-    options, stored with its schedules for what reads them without the code (the leader)."""
+    (:data:`PAGES`). An id given twice in ``specs`` refuses the whole batch with
+    :class:`InvalidJobError` naming it; an id already taken by a job or a schedule, with
+    :class:`IdTaken` (a conflict: exit 1, HTTP 409), whose message holds no other row's data
+    (the driver's error, which does, goes no further). ``tasks`` gives each task's options,
+    stored with its schedules for what reads them without the code (the leader)."""
     seen: set[str] = set()
     for spec in specs:
         if spec.id in seen:
@@ -223,9 +227,10 @@ async def add_many(
                 await _announce(db, conn, f"add {iso(earliest)}", now)
     except IntegrityError:
         taken = await _taken([s.id for s in specs], db)
-        if not taken:
-            raise
-        raise InvalidJobError(taken[0], "id", "already taken by a job or a schedule") from None
+        if not taken:  # taken, then freed again before we looked: a lost race all the same
+            who = specs[0].id if len(specs) == 1 else f"{specs[0].id} (of {len(specs)})"
+            raise IdTaken(who, "taken by a concurrent write; try again") from None
+        raise IdTaken(taken[0], "already taken by a job or a schedule") from None
     return records
 
 

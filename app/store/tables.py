@@ -1,4 +1,9 @@
-"""The tables, defined once. The Alembic migrations create them; this is what queries use."""
+"""The tables, defined once. The Alembic migrations create them; this is what queries use.
+
+Every id and name column (job and schedule names, tasks, instance ids, start keys) compares byte
+for byte on every backend: PostgreSQL's and SQLite's collations do, and on MariaDB/MySQL
+migration 0008 gives them a binary collation without padding (which one depends on the server,
+so it is not spelled here: no statement of ours names a collation)."""
 
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    cast,
     literal,
 )
 from sqlalchemy.dialects import mysql, postgresql
@@ -174,6 +180,16 @@ def guard(column: ColumnElement[str]) -> ColumnElement[str]:
     ``RUNNING`` rows when it has 100,000, and a prepared statement's generic plan then filters
     all of them for every write of 1,000 (760 ms against 2 ms by id, PostgreSQL)."""
     return column + literal("", String())
+
+
+def as_stored(column: Column[Any]) -> ColumnElement[str]:
+    """A JSON column read as its stored text, for :func:`app.schedules.read_row` to decode row
+    by row: a row that a writer outside slotcron broke (invalid JSON, a 5,000-digit number) is
+    that row's error, not every reader's (decoded by the column's type, or by asyncpg's codec
+    of ``json``, one such row failed the whole statement). A cast in SQL, so that no driver
+    decodes it: PostgreSQL's ``::TEXT``; MariaDB's ``AS CHAR`` is in the connection's character
+    set, utf8mb4."""
+    return cast(column, Text()).label(column.name)
 
 
 # The start of a chunk of runs claimed ahead of their slot (app.store.starts): one row written

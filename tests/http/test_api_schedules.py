@@ -16,6 +16,7 @@ from app import JobContext
 from app.registry import Registry, cron, task
 from app.store import schedules as store
 from app.store.database import Database
+from tests.corrupt import BIG_NUMBER, corrupt
 from tests.http.conftest import TOKEN, auth, base_url
 
 TASK = "api.send_report"
@@ -121,8 +122,15 @@ async def test_writes_need_the_token(
         ({"task": TASK, "every": 0}, "every"),
         ({"task": TASK, "every": 5, "params": "tenant=1"}, "params"),
         ({"task": TASK, "every": 5, "jitter": -2}, "jitter"),
-        ({"task": TASK, "every": 5, "id": CODE_JOB}, "id"),
         ({"task": TASK, "every": 5, "when": "now"}, "when"),
+        # Issue 26: the limits (a zone that is not one answered 503 with the install path).
+        ({"task": TASK, "every": 0.001}, "every"),
+        ({"task": TASK, "cron": "0 9 * * *", "timezone": "America"}, "timezone"),
+        ({"task": TASK, "cron": "0 9 * * *", "timezone": ""}, "timezone"),
+        ({"task": TASK, "every": 5, "id": "tenant\n42 audit: forged"}, "id"),
+        ({"task": TASK, "every": 5, "id": "tenant\x9b2J"}, "id"),
+        ({"task": TASK, "every": 5, "params": {"n": 10**64}}, "params"),
+        # (Params past 64 KB cannot arrive: a body is at most 64 KB, 413.)
     ],
 )
 async def test_bad_input_is_400_naming_the_field_and_writes_nothing(
@@ -131,7 +139,81 @@ async def test_bad_input_is_400_naming_the_field_and_writes_nothing(
     url = await start(db, serve)
     status, answer = await call(client, "POST", f"{url}/api/schedules", body)
     assert (status, answer.get("field")) == (400, field), answer
+    assert "site-packages" not in answer["error"] and "zoneinfo" not in answer["error"]
     assert await store.list_schedules(db) == []
+
+
+async def test_an_id_already_taken_is_409_naming_id_and_holds_no_other_rows_data(
+    db: Database, serve: Any, client: aiohttp.ClientSession
+) -> None:
+    url = await start(db, serve)
+    body = {"task": TASK, "every": 60, "id": "Tenant/Alpha", "params": {"key": "secret-alpha"}}
+    assert (await call(client, "POST", f"{url}/api/schedules", body))[0] == 201
+    for taken in ("Tenant/Alpha", CODE_JOB):
+        again = {"task": TASK, "every": 60, "id": taken, "params": {"mine": 1}}
+        status, answer = await call(client, "POST", f"{url}/api/schedules", again)
+        assert (status, answer.get("field")) == (409, "id"), answer
+        assert "already taken" in answer["error"] and "secret" not in answer["error"]
+    [stored] = await store.list_schedules(db)
+    assert stored.spec.params == {"key": "secret-alpha"}
+
+
+async def test_an_ids_case_accent_and_space_variants_reach_only_themselves(
+    db: Database, serve: Any, client: aiohttp.ClientSession
+) -> None:
+    """Issue 26, item 4: on MariaDB, ``/api/schedules/tenant%2Falpha`` read, overwrote and
+    deleted ``Tenant/Alpha``."""
+    url = await start(db, serve)
+    body = {"task": TASK, "every": 60, "id": "Tenant/Alpha", "params": {"key": "alpha"}}
+    assert (await call(client, "POST", f"{url}/api/schedules", body))[0] == 201
+    for variant in ("tenant/alpha", "Ténant/Alpha", "Tenant/Alpha "):
+        one = f"{url}/api/schedules/{quote(variant, safe='')}"
+        assert (await call(client, "GET", one))[0] == 404
+        assert (await call(client, "PATCH", one, {"params": {"key": "overwritten"}}))[0] == 404
+        assert (await call(client, "DELETE", one))[0] == 404
+        created = {**body, "id": variant, "params": {"key": variant}}
+        assert (await call(client, "POST", f"{url}/api/schedules", created))[0] == 201
+        status, got = await call(client, "GET", one)
+        assert (status, got["id"], got["params"]) == (200, variant, {"key": variant})
+    status, original = await call(client, "GET", f"{url}/api/schedules/Tenant%2FAlpha")
+    assert (status, original["params"]) == (200, {"key": "alpha"})
+    assert len(await store.list_schedules(db)) == 4
+
+
+async def test_a_path_id_with_a_control_character_is_400_naming_id(
+    db: Database, serve: Any, client: aiohttp.ClientSession
+) -> None:
+    url = await start(db, serve)
+    for method in ("GET", "PATCH", "DELETE"):
+        for encoded in ("a%1B%5B2Jb", "a%7Fb", "a%C2%85b"):
+            status, answer = await call(client, method, f"{url}/api/schedules/{encoded}", {})
+            assert (status, answer.get("field")) == (400, "id"), answer
+
+
+async def test_an_unreadable_row_is_listed_with_its_error_and_the_page_is_served(
+    db: Database, serve: Any, client: aiohttp.ClientSession
+) -> None:
+    """Issue 26, item 8: one row a writer outside slotcron broke made every listing 500."""
+    url = await start(db, serve)
+    for name in ("a-good", "b-broken", "c-good"):
+        body = {"task": TASK, "every": 60, "id": name, "params": {"n": 1}}
+        assert (await call(client, "POST", f"{url}/api/schedules", body))[0] == 201
+    await corrupt(db, "b-broken", params=BIG_NUMBER)
+    status, page = await call(client, "GET", f"{url}/api/schedules")
+    assert status == 200, page
+    listed = {s["id"]: s for s in page["schedules"]}
+    assert listed["a-good"]["params"] == {"n": 1} and "error" not in listed["a-good"]
+    assert listed["b-broken"]["params"] is None
+    assert listed["b-broken"]["error"].startswith("params: ")
+    assert "7777777" not in listed["b-broken"]["error"]
+    status, one = await call(client, "GET", f"{url}/api/schedules/b-broken")
+    assert status == 200 and one["error"] == listed["b-broken"]["error"]
+    # Mended by a write that gives what could not be read; refused while it does not.
+    status, answer = await call(client, "PATCH", f"{url}/api/schedules/b-broken", {"every": 120})
+    assert (status, answer.get("field")) == (400, "params"), answer
+    patch = {"params": {"n": 2}}
+    status, mended = await call(client, "PATCH", f"{url}/api/schedules/b-broken", patch)
+    assert status == 200 and mended["params"] == {"n": 2} and "error" not in mended
 
 
 async def test_a_code_job_is_409_and_an_unknown_id_404(

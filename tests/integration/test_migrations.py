@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import func, insert, inspect, select, text
+from sqlalchemy import Table, func, insert, inspect, select, text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import IntegrityError
 
@@ -242,6 +242,67 @@ def test_the_tables_the_migrations_create_are_the_tables_the_app_queries(
     )
 
     assert differences == [], f"app.store.tables and the migrations disagree: {differences}"
+
+
+def test_ids_compare_byte_for_byte_after_the_migration_which_keeps_every_row(
+    backend: str, empty_db_url: str, tmp_path: Path
+) -> None:
+    """Migration 0008 (issue 26): a database holding rows at 0007 is migrated; every row stays,
+    and ids that differ in case, accents or trailing spaces are different ids, on every backend
+    (a binary collation on MariaDB; PostgreSQL and SQLite compared bytes already)."""
+    from alembic import command
+
+    from app.store.migrate import alembic_config
+
+    def to_0007(conn: Connection) -> None:
+        config = alembic_config()
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0007")
+
+    def add(table: Table, row: dict[str, Any]) -> None:
+        on_database(empty_db_url, lambda conn: conn.execute(insert(table), [row]))
+
+    on_database(empty_db_url, to_0007)
+    schedule = {**KEPT_JOB, "name": "Tenant/Alpha", "task": "t", "params": {"key": "alpha"}}
+    run = {**execution_row(1), "job_name": "Tenant/Alpha", "instance_id": "Instance-A"}
+    add(jobs, dict(KEPT_JOB))
+    add(jobs, schedule)
+    add(executions, run)
+
+    done = migrate(empty_db_url, tmp_path)
+
+    assert "0008" in done.stdout and revision(empty_db_url) == [HEAD]
+    variants = ["tenant/alpha", "Ténant/Alpha", "Tenant/Alpha "]
+    for variant in variants:
+        add(jobs, {**schedule, "name": variant})
+        add(executions, {**run, "job_name": variant})
+
+    def count(condition: Any) -> Any:
+        return select(func.count()).select_from(executions).where(condition)
+
+    def stored(conn: Connection) -> Any:
+        return (
+            sorted(conn.execute(select(jobs.c.name)).scalars()),
+            conn.execute(select(jobs.c.params).where(jobs.c.name == "Tenant/Alpha")).scalar(),
+            conn.execute(count(executions.c.job_name == "tenant/alpha")).scalar(),
+            conn.execute(count(executions.c.instance_id == "instance-a")).scalar(),
+        )
+
+    names, params, variant_runs, runs_of_a = on_database(empty_db_url, stored)
+    assert names == sorted(["kept", "Tenant/Alpha", *variants])
+    assert params == {"key": "alpha"}
+    assert (variant_runs, runs_of_a) == (1, 0)
+    if backend == "mariadb":
+
+        def collations(conn: Connection) -> set[str]:
+            query = text(
+                "SELECT DISTINCT collation_name FROM information_schema.columns WHERE "
+                "table_schema = DATABASE() AND column_name IN ('name', 'job_name', "
+                "'instance_id', 'task', 'start_key')"
+            )
+            return set(conn.execute(query).scalars())
+
+        assert on_database(empty_db_url, collations) == {"utf8mb4_nopad_bin"}
 
 
 def test_run_refuses_an_unmigrated_database_when_auto_migrate_is_off(

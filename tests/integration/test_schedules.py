@@ -16,12 +16,13 @@ from sqlalchemy import func, select, update
 from app import Client, InvalidJobError, JobContext
 from app.errors import NotFound, Refused
 from app.registry import Registry, cron, task
+from app.schedules import IdTaken
 from app.service import Service
 from app.store import operations
 from app.store import schedules as store
 from app.store.database import Database
 from app.store.registrations import JobRow, register_jobs
-from app.store.tables import jobs
+from app.store.tables import executions, jobs
 from tests.conftest import make_settings
 
 TASK = "tests.send_report"
@@ -139,6 +140,17 @@ async def test_add_schedules_stores_a_batch_in_id_order_and_lists_it_by_task_and
         ({"task": TASK, "every": 5, "id": ""}, "id"),
         ({"task": TASK, "every": 5, "id": "x" * 201}, "id"),
         ({"task": TASK, "every": 5, "colour": "red"}, "colour"),
+        # Issue 26: the limits, the same here as in the API, the CLI and the decorators.
+        ({"task": TASK, "every": 0.001}, "every"),
+        ({"task": TASK, "every": 0.5}, "every"),
+        ({"task": TASK, "cron": "0 9 * * *", "timezone": "America"}, "timezone"),
+        ({"task": TASK, "cron": "0 9 * * *", "timezone": ""}, "timezone"),
+        ({"task": TASK, "cron": "0 9 * * *", "timezone": "../zoneinfo/UTC"}, "timezone"),
+        ({"task": TASK, "every": 5, "id": "tenant\n42"}, "id"),
+        ({"task": TASK, "every": 5, "id": "tenant\x1b[2J"}, "id"),
+        ({"task": TASK, "every": 5, "id": "tenant\x85"}, "id"),
+        ({"task": TASK, "every": 5, "params": {"n": 10**64}}, "params"),
+        ({"task": TASK, "every": 5, "params": {"p": "x" * 70_000}}, "params"),
     ],
 )
 async def test_bad_input_is_refused_naming_the_field_and_nothing_is_written(
@@ -168,6 +180,81 @@ async def test_an_id_taken_by_a_job_or_a_schedule_refuses_the_whole_batch(
         with pytest.raises(InvalidJobError, match="given twice"):
             await client.add_schedules([{"task": TASK, "every": 5, "id": "twin"}] * 2)
         assert [s["id"] for s in await client.list_schedules()] == ["taken"]
+
+
+async def test_ids_differing_in_case_accents_or_trailing_spaces_are_different_schedules(
+    db: Database, db_url: str
+) -> None:
+    """Issue 26, item 4: on MariaDB the default collation matched ``tenant/alpha`` to
+    ``Tenant/Alpha``; ids now compare byte for byte on every backend."""
+    await record_tasks(db)
+    variants = ["tenant/alpha", "Ténant/Alpha", "Tenant/Alpha ", "TENANT/ALPHA"]
+    async with Client(db_url) as client:
+        await client.add_schedule(TASK, every=60, id="Tenant/Alpha", params={"key": "alpha-1"})
+        for i, variant in enumerate(variants[:3]):
+            added = await client.add_schedule(TASK, every=60, id=variant, params={"i": i})
+            assert added["id"] == variant
+        assert [(await client.get_schedule(v))["params"] for v in variants[:3]] == [
+            {"i": 0},
+            {"i": 1},
+            {"i": 2},
+        ]
+        with pytest.raises(NotFound):
+            await client.get_schedule(variants[3])
+        with pytest.raises(NotFound):
+            await client.update_schedule(variants[3], params={"overwritten": True})
+        with pytest.raises(NotFound):
+            await client.remove_schedule(variants[3])
+        await client.update_schedule("tenant/alpha", params={"changed": True})
+        await client.remove_schedule("Tenant/Alpha ")
+        original = await client.get_schedule("Tenant/Alpha")
+        assert original["params"] == {"key": "alpha-1"}
+        ids = sorted(s["id"] for s in await client.list_schedules())
+        assert ids == sorted(["Tenant/Alpha", "tenant/alpha", "Ténant/Alpha"])
+
+
+async def test_an_exact_duplicate_id_is_a_clean_refusal_holding_no_other_rows_data(
+    db: Database, db_url: str
+) -> None:
+    await record_tasks(db)
+    async with Client(db_url) as client:
+        await client.add_schedule(TASK, every=60, id="Tenant/Alpha", params={"key": "alpha-1"})
+        await client.add_schedule(TASK, every=60, id="other", params={"key": "other-secret"})
+        for batch in (
+            [{"task": TASK, "every": 60, "id": "Tenant/Alpha", "params": {"k": "mine"}}],
+            [{"task": TASK, "every": 60, "id": f"n-{i}", "params": {"k": i}} for i in range(300)]
+            + [{"task": TASK, "every": 60, "id": "other"}],
+        ):
+            with pytest.raises(InvalidJobError) as refused:
+                await client.add_schedules(batch)
+            assert refused.value.field == "id"
+            assert type(refused.value) is InvalidJobError, "not a driver's error"
+            assert "secret" not in str(refused.value) and "alpha-1" not in str(refused.value)
+            assert "INSERT" not in str(refused.value)
+    # The store's own refusal is a conflict (exit 1, HTTP 409), not bad input.
+    with pytest.raises(IdTaken) as taken:
+        await store.create(
+            db,
+            [{"task": TASK, "every": 60, "id": "Tenant/Alpha"}],
+            default_timezone="UTC",
+            by="test",
+            registry=tasks(),
+        )
+    assert isinstance(taken.value, Refused) and taken.value.id == "Tenant/Alpha"
+    assert await schedule_rows(db) == 2
+
+
+async def test_triggering_a_variant_of_an_id_queues_nothing(db: Database, db_url: str) -> None:
+    """A manual run of ``tenant/alpha`` used to be queued when only ``Tenant/Alpha`` existed
+    (MariaDB), and waited QUEUED forever: no instance knows a job of that name."""
+    await record_tasks(db)
+    async with Client(db_url) as client:
+        await client.add_schedule(TASK, every=60, id="Tenant/Alpha")
+    for variant in ("tenant/alpha", "Ténant/Alpha", "Tenant/Alpha "):
+        with pytest.raises(NotFound):
+            await operations.trigger(db, job=variant, params={}, now=datetime.now(UTC))
+    async with db.read() as conn:
+        assert await conn.scalar(select(func.count()).select_from(executions)) == 0
 
 
 async def test_a_code_job_cannot_be_updated_or_removed_at_runtime(
