@@ -21,7 +21,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from app.errors import NotFound, Refused
+from app.errors import NotFound, QueueFull, Refused
 from app.filters import parse_since, parse_status
 from app.http.auth import TokenCheck
 from app.http.bridge import ServiceBridge
@@ -161,6 +161,8 @@ class AdminApi:
             )
         except NotFound as exc:
             raise ApiError(404, str(exc), field="name") from None
+        except QueueFull as exc:
+            raise ApiError(429, str(exc)) from None
         except Refused as exc:
             raise ApiError(409, str(exc)) from None
         _audit(request, f"trigger {name}: queued execution {queued.execution_id}")
@@ -213,6 +215,8 @@ class AdminApi:
             )
         except NotFound as exc:
             raise ApiError(404, str(exc), field="id") from None
+        except QueueFull as exc:
+            raise ApiError(429, str(exc)) from None
         except Refused as exc:
             raise ApiError(409, str(exc)) from None
         _audit(request, f"restart {execution_id}: queued execution {queued.execution_id}")

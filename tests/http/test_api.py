@@ -270,3 +270,46 @@ async def test_trigger_pause_resume_and_restart_act_as_the_cli_commands_do(
         client, "POST", f"{url}/api/executions/{completed['id']}/restart", headers=auth()
     )
     assert status == 409 and "never runs again" in body["error"], body
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "mariadb"], indirect=True)
+async def test_a_trigger_past_a_jobs_hundred_queued_runs_is_refused_429_naming_the_cap(
+    db: Database, serve: Any, client: aiohttp.ClientSession
+) -> None:
+    from datetime import timedelta
+
+    from sqlalchemy import insert
+
+    from app.store.tables import executions as executions_table
+
+    service = await serve(list(api_jobs([])), admin_token=TOKEN)
+    url = base_url(service)
+    later = datetime.now(UTC) + timedelta(days=1)  # queued, not due: nobody takes them now
+    async with db.transaction() as conn:
+        await conn.execute(
+            insert(executions_table),
+            [
+                {
+                    "job_name": "api.manual",
+                    "scheduled_at": later + timedelta(seconds=i),
+                    "trigger": "manual",
+                    "status": "QUEUED",
+                    "attempt": 1,
+                    "created_at": later,
+                    "available_at": later,
+                    "params": {},
+                    "state": {},
+                }
+                for i in range(100)
+            ],
+        )
+    status, body, _ = await call(
+        client, "POST", f"{url}/api/jobs/api.manual/trigger", headers=auth(), json={}
+    )
+    assert status == 429, body
+    assert "100 runs waiting QUEUED" in body["error"]
+    # Another job's queue is its own.
+    status, body, _ = await call(
+        client, "POST", f"{url}/api/jobs/{quote(ODD_NAME, safe='')}/trigger", headers=auth()
+    )
+    assert status == 202, body
