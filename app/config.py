@@ -15,7 +15,6 @@ import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import quote, urlsplit
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -23,6 +22,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from app.errors import ConfigError
+from app.slots import zone_problem
 
 PREFIX = "SCHEDULER_"
 
@@ -247,10 +247,9 @@ class Settings(BaseSettings):
     @field_validator("timezone")
     @classmethod
     def _known_timezone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"unknown IANA time zone {value!r}") from None
+        problem = zone_problem(value)  # a directory ("America"), a path, an empty name: none
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @field_validator("database_url", mode="after")

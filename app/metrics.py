@@ -274,6 +274,12 @@ class InstanceCollector(Collector):
                 "0 when a failover can lose the last claims (PostgreSQL)",
                 value=1 if replication.synchronous else 0,
             )
+        yield GaugeMetricFamily(
+            "slotcron_schedules_quarantined",
+            "Runtime schedules due within the horizon whose rows cannot be read (listed with "
+            "their error by GET /api/schedules); every other schedule fires",
+            value=service.runtime.quarantined,
+        )
         yield CounterMetricFamily(
             "slotcron_failover_fenced_runs",
             "Runs fenced after reconnecting because the database no longer had their claim",

@@ -21,7 +21,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from app.errors import NotFound, QueueFull, Refused
+from app.errors import InvalidJobError, NotFound, QueueFull, Refused
 from app.filters import parse_since, parse_status
 from app.http.auth import TokenCheck
 from app.http.bridge import ServiceBridge
@@ -161,6 +161,8 @@ class AdminApi:
             )
         except NotFound as exc:
             raise ApiError(404, str(exc), field="name") from None
+        except InvalidJobError as exc:
+            raise ApiError(400, exc.problem, field=exc.field) from None
         except QueueFull as exc:
             raise ApiError(429, str(exc)) from None
         except Refused as exc:

@@ -14,6 +14,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.errors import MAX_QUEUED, NotFound, QueueFull, Refused
+from app.schedules import check_params
 from app.store.database import Database
 from app.store.lifeline import announce_queued
 from app.store.queue import queued_count
@@ -129,7 +130,9 @@ async def restart(db: Database, *, execution_id: int, now: datetime) -> Queued:
 
 
 async def trigger(db: Database, *, job: str, params: dict[str, Any], now: datetime) -> Queued:
-    """Queue a manual run of ``job``: its own slot (the time it was requested)."""
+    """Queue a manual run of ``job``: its own slot (the time it was requested). ``params`` are
+    checked as a schedule's are (:class:`InvalidJobError` naming ``params``)."""
+    params = check_params(job, params)
     async with db.transaction() as conn:
         await _job_options(conn, job)
         await _room_in_queue(conn, job)

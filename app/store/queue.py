@@ -89,6 +89,17 @@ async def due(
 REMOVED = "not run: its job or schedule was removed while it waited"
 
 
+async def settle_queued(conn: Any, name: str, *, now: datetime) -> int:
+    """Record ``SKIPPED`` every queued execution of ``name``, whose job or schedule is gone (in
+    the caller's transaction, beside its removal)."""
+    result = await conn.execute(
+        update(executions)
+        .where(executions.c.job_name == name, executions.c.status == Status.QUEUED)
+        .values(status=Status.SKIPPED, finished_at=now, error=REMOVED)
+    )
+    return int(result.rowcount)
+
+
 async def settle_orphans(db: Database, names: Collection[str], *, now: datetime) -> dict[str, int]:
     """Record ``SKIPPED`` every queued execution of those ``names`` that no longer exist as a
     job or schedule (a schedule removed while runs of it waited): nobody would ever take them.
@@ -103,12 +114,7 @@ async def settle_orphans(db: Database, names: Collection[str], *, now: datetime)
             ).scalars()
         )
         for name in sorted(set(names) - existing):
-            result = await conn.execute(
-                update(executions)
-                .where(executions.c.job_name == name, executions.c.status == Status.QUEUED)
-                .values(status=Status.SKIPPED, finished_at=now, error=REMOVED)
-            )
-            settled[name] = int(result.rowcount)
+            settled[name] = await settle_queued(conn, name, now=now)
     return settled
 
 

@@ -42,6 +42,7 @@ from app.schedules import (
     read_row,
 )
 from app.store.database import Database
+from app.store.queue import settle_queued
 from app.store.tables import as_stored, changes, executions, jobs, tasks
 
 CHANNEL = "slotcron_schedules"
@@ -382,10 +383,13 @@ async def update(
 
 
 async def remove(db: Database, schedule_id: str, *, now: datetime) -> None:
-    """Delete a schedule: no further slot of it runs; its history stays."""
+    """Delete a schedule: no further slot of it runs (its runs waiting QUEUED are recorded
+    SKIPPED, saying why); its history stays."""
     async with db.transaction() as conn:
         row = await _locked(conn, schedule_id)
         await conn.execute(delete(jobs).where(jobs.c.name == schedule_id))
+        # Its runs waiting in the queue would never run: settled now, saying why.
+        await settle_queued(conn, schedule_id, now=now)
         if _soon(row.next_slot_at, now):
             await _announce(db, conn, f"remove {schedule_id}", now)
 

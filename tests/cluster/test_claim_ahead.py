@@ -95,7 +95,9 @@ async def once_claimed_by(db: Database, instance: str, slot: float, latest: floa
         conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
         while time.time() < latest:
             claimed, theirs = (await conn.execute(query)).one()
-            if claimed == N_JOBS and theirs:
+            # Still before ``latest`` once the answer is in: a look that took the margin (a
+            # loaded machine) lets the slot pass rather than strike after it.
+            if claimed == N_JOBS and theirs and time.time() < latest:
                 return True
     return False
 

@@ -313,3 +313,22 @@ async def test_a_trigger_past_a_jobs_hundred_queued_runs_is_refused_429_naming_t
         client, "POST", f"{url}/api/jobs/{quote(ODD_NAME, safe='')}/trigger", headers=auth()
     )
     assert status == 202, body
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_a_trigger_with_params_past_the_limits_is_a_400_naming_params(
+    serve: Any, client: aiohttp.ClientSession
+) -> None:
+    service = await serve(list(api_jobs([])), admin_token=TOKEN)
+    url = f"{base_url(service)}/api/jobs/api.manual/trigger"
+    digits = '{"params": {"n": ' + "9" * 100 + "}}"  # more than 64 digits
+    status, answer, _ = await call(
+        client, "POST", url, headers={**auth(), "Content-Type": "application/json"}, data=digits
+    )
+    assert (status, answer.get("field")) == (400, "params"), answer
+    # Params past 64 KB cannot even be sent: the body is capped at 64 KB.
+    blob = '{"params": {"blob": "' + "x" * 70_000 + '"}}'
+    status, answer, _ = await call(
+        client, "POST", url, headers={**auth(), "Content-Type": "application/json"}, data=blob
+    )
+    assert status == 413, answer

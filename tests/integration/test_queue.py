@@ -169,3 +169,36 @@ async def test_one_job_may_have_at_most_a_hundred_runs_queued(db: Database) -> N
         )
         assert await conn.scalar(select(func.count()).select_from(jobs)) == 1
     await operations.restart(db, execution_id=failed_id, now=now)
+
+
+async def test_removing_a_schedule_settles_its_queued_runs_saying_why(db: Database) -> None:
+    from app.registry import task
+    from app.store import schedules as schedule_store
+
+    registry = Registry()
+
+    @task(name="queue.report", registry=registry)
+    async def report() -> None: ...
+
+    now = datetime.now(UTC)
+    await schedule_store.create(
+        db,
+        [{"task": "queue.report", "every": 3600, "id": "tenant/9"}],
+        default_timezone="UTC",
+        by="test",
+        registry=registry,
+        now=now,
+    )
+    for _ in range(3):
+        await operations.trigger(db, job="tenant/9", params={}, now=now)
+    await schedule_store.remove(db, "tenant/9", now=now)
+    async with db.read() as conn:
+        rows = (
+            await conn.execute(
+                select(executions.c.status, executions.c.error).where(
+                    executions.c.job_name == "tenant/9"
+                )
+            )
+        ).all()
+    assert [r.status for r in rows] == ["SKIPPED"] * 3
+    assert all("removed" in (r.error or "") for r in rows)
