@@ -24,7 +24,7 @@ from app.store.database import Database
 from app.store.tables import executions, jobs
 from tests.conftest import CI, wait_for
 from tests.http.browser import chromium, find_chromium
-from tests.http.conftest import TOKEN, base_url
+from tests.http.conftest import READ_TOKEN, TOKEN, base_url
 
 
 def dashboard_jobs() -> Registry:
@@ -65,13 +65,15 @@ async def execution(db: Database, execution_id: int) -> Any:
 async def test_the_dashboard_shows_jobs_and_executions_and_triggers_a_run_with_the_token(
     chromium_path: str, db: Database, serve: Any, tmp_path: Path
 ) -> None:
-    service = await serve(list(dashboard_jobs()), admin_token=TOKEN)
+    # Reads need a token once a read token is set: the page asks before it shows any data, and
+    # the admin token given then reads and writes.
+    service = await serve(list(dashboard_jobs()), admin_token=TOKEN, read_token=READ_TOKEN)
     url = base_url(service)
     profile = tmp_path / "chromium"
     profile.mkdir()
     async with chromium(chromium_path, profile) as page:
         await page.goto(f"{url}/")
-        # Reads need the token once one is configured: the page asks for it before any data.
+        # Reads need a token once a read token is configured: asked for before any data.
         await page.wait_for(
             "!document.getElementById('token-form').hidden", what="the token to be asked"
         )
@@ -254,7 +256,11 @@ async def test_the_timeline_colours_each_slot_by_outcome_and_a_cell_opens_it_on_
     clock = ManualClock(base + timedelta(milliseconds=500))
     # A long lease: the manual clock does not move the heartbeat, so nothing lapses by itself.
     service = await serve(
-        list(timeline_jobs(release, base)), clock=clock, admin_token=TOKEN, lease_seconds=600
+        list(timeline_jobs(release, base)),
+        clock=clock,
+        admin_token=TOKEN,
+        read_token=READ_TOKEN,
+        lease_seconds=600,
     )
     try:
         await drive_timeline(db, clock, base)
@@ -417,7 +423,7 @@ NON_ASCII_TOKEN = "tökén-✓-管理"
 async def test_a_token_the_server_could_never_hold_is_refused_by_the_page_before_it_is_kept(
     chromium_path: str, db: Database, serve: Any, tmp_path: Path
 ) -> None:
-    service = await serve(list(dashboard_jobs()), admin_token=TOKEN)
+    service = await serve(list(dashboard_jobs()), admin_token=TOKEN, read_token=READ_TOKEN)
     async with chromium(chromium_path, profile_dir(tmp_path)) as page:
         await page.goto(f"{base_url(service)}/")
         # A control character cannot travel in a header: refused before it is kept.

@@ -28,7 +28,7 @@ from app.store.database import Database
 from app.store.tables import executions, jobs
 from tests.conftest import make_settings, wait_for
 from tests.http.browser import chromium, find_chromium
-from tests.http.conftest import TOKEN, auth, base_url
+from tests.http.conftest import READ_TOKEN, TOKEN, auth, base_url
 
 TASK = "dash.report"
 OTHER = "dash.other"
@@ -65,7 +65,14 @@ async def start(db_url: str) -> AsyncIterator[Start]:
 
     async def start(clock: ManualClock | None = None, **overrides: Any) -> Service:
         settings = make_settings(
-            db_url, **{"pool_size": 5, "http_port": 0, "admin_token": TOKEN, **overrides}
+            db_url,
+            **{
+                "pool_size": 5,
+                "http_port": 0,
+                "admin_token": TOKEN,
+                "read_token": READ_TOKEN,
+                **overrides,
+            },
         )
         service = Service(settings, [], clock=clock, tasks=tasks().tasks())
         await service.start()
