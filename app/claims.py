@@ -159,7 +159,10 @@ class Claimer:
             return replace(claim, sent=sent)
         if not self.closing:
             self.stats.gave_up += 1
-            log.warning(
+            # While the database is out (or read-only: logged once already), not once per slot.
+            quiet = self.outage.ongoing or self.db.read_only
+            log.log(
+                logging.DEBUG if quiet else logging.WARNING,
                 "could not claim %s slot %s in time (%d busy retries); the misfire policy "
                 "accounts for it",
                 job.name,

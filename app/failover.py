@@ -76,6 +76,14 @@ class Reconnection(Role):
         self._next_slot = next_slot
         self._recent: deque[Recorded] = deque(maxlen=REMEMBER_MAX)
         self._wake = asyncio.Event()
+        self.pending = False
+        """A check is due or under way (an outage just ended): until it is done, only it judges
+        whether a run is still ours, so a run whose claim the failover lost is fenced saying
+        so (the heartbeat's renewal, which may come first, leaves such runs to it; time still
+        fences them if the check cannot run)."""
+        self._unwritten: list[store.Lost] = []
+        """Rows of runs fenced for a lost claim, not written yet (the write failed: again at the
+        next check)."""
         self.replication: store.Replication | None = None
         self.checks = 0
         self.fenced = 0
@@ -97,6 +105,7 @@ class Reconnection(Role):
 
     def reconnected(self) -> None:
         """A database call succeeded after an outage: look at what the database kept."""
+        self.pending = True
         self._wake.set()
 
     # --- the check
@@ -115,6 +124,8 @@ class Reconnection(Role):
         self.checks += 1
         await self.check_replication()
         await self._check_runs()
+        self.pending = False  # every run in flight judged: the heartbeat judges again
+        await self._write_lost()
         await self._write_outcomes_again()
 
     async def check_replication(self) -> store.Replication | None:
@@ -200,16 +211,29 @@ class Reconnection(Role):
                 )
             elif row.status == Status.QUEUED:
                 taken_back.append(claim.key)
-        log.warning(
-            "after reconnecting, %d run(s) in flight here were no longer ours in the database "
-            "(%s): fenced at once (ctx.lease_lost is set): %s",
-            len(fenced),
-            LOST,
-            "; ".join(fenced[:20]) + (" ..." if len(fenced) > 20 else ""),
-        )
+        if fenced:
+            log.warning(
+                "after reconnecting, %d run(s) in flight here were no longer ours in the "
+                "database (%s): fenced at once (ctx.lease_lost is set): %s",
+                len(fenced),
+                LOST,
+                "; ".join(fenced[:20]) + (" ..." if len(fenced) > 20 else ""),
+            )
+        self._unwritten.extend(missing)
         reason = f"fenced on instance {self.instance_id}: {LOST}"
-        self.restored += await store.restore_rows(self.db, missing, instance_id=self.instance_id)
         await store.settle_lost_takes(self.db, taken_back, reason=reason, now=now)
+
+    async def _write_lost(self) -> None:
+        """Write the rows of runs fenced for a lost claim (kept until written)."""
+        if self._unwritten:
+            rows, self._unwritten = self._unwritten, []
+            try:
+                self.restored += await store.restore_rows(
+                    self.db, rows, instance_id=self.instance_id
+                )
+            except BaseException:
+                self._unwritten = rows + self._unwritten
+                raise
 
     async def _write_outcomes_again(self) -> None:
         horizon = time.monotonic() - self.window

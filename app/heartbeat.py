@@ -51,6 +51,10 @@ class Heartbeat(Role):
         self.id_taken = False
         """True once another process took the instance id over."""
         self.on_id_taken: Callable[[], None] = lambda: None
+        self.judging_elsewhere: Callable[[], bool] = lambda: False
+        """True while another part judges whether the runs are still ours (the reconnection
+        check after an outage, which can say why): runs the renewal did not find are left to it
+        meanwhile (time fences them if it cannot judge)."""
         """Called once, when the instance id is found held by another process (the service
         shuts down then, and exits 1)."""
 
@@ -114,11 +118,14 @@ class Heartbeat(Role):
             return
         self.outage.recovered()
         self.db.wrote()
+        elsewhere = self.judging_elsewhere()
         for handle in counted:
             if handle.done.is_set():
                 continue  # ended while we renewed
             if still_ours is None or handle.id in still_ours:
                 handle.deadline = max(handle.deadline, trusted_until(sent, handle.lease_ms))
+            elif elsewhere:
+                continue
             else:
                 log.warning(
                     "execution %s of %s is no longer ours (its lease lapsed, or it was recorded "

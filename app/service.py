@@ -206,6 +206,7 @@ class Service:
             instance_state=lambda: self.state,
         )
         self.heartbeat.on_id_taken = self._id_taken
+        self.heartbeat.judging_elsewhere = lambda: self.reconnection.pending
         self.fencing = Fencing(shared, runs=self.runs)
         # Leases kept while a job blocks the loop (production clock only: a test's manual clock
         # does not move while the loop is blocked, and nothing lapses).
@@ -295,7 +296,10 @@ class Service:
                     f"database schema is at {current or 'nothing'}, this version needs {head}: "
                     "run `slotcron migrate` (or set SCHEDULER_AUTO_MIGRATE=true)",
                 )
-        await self.db.warm_up(min(self.settings.pool_size, max(len(self.jobs), 1)), self._rehearse)
+        # Behind a pooler every connection held is one of the pooler's few: one is opened ahead
+        # (the rest as a burst needs them, closed again once idle).
+        ahead = 1 if self.settings.database_pooler != "none" else len(self.jobs)
+        await self.db.warm_up(min(self.settings.pool_size, max(ahead, 1)), self._rehearse)
         if isinstance(self.clock, DatabaseClock):
             offset = await self.clock.sync()
             log.info(

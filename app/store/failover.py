@@ -225,6 +225,16 @@ async def restore_rows(db: Database, lost: Sequence[Lost], *, instance_id: str) 
         for item in lost
     ]
     async with db.transaction() as conn:
+        # The jobs' rows first, in name order, as a claim locks its job's row before it inserts
+        # its execution: taken the other way round, a claim of one of these slots and this
+        # write deadlocked (seen after a lossy failover, PostgreSQL).
+        names = sorted({item.run[1] for item in lost})
+        await conn.execute(
+            select(jobs.c.name)
+            .where(jobs.c.name.in_(names))
+            .order_by(jobs.c.name)
+            .with_for_update()
+        )
         # A key taken meanwhile (another instance claimed the slot) is left to its holder.
         # Row by row (a rare path): a multi-row insert's count of rows is not reliable.
         inserted = 0
