@@ -65,10 +65,6 @@ class Heartbeat(Role):
             # a lease of at least four periods, and is renewed within two.
             await self.clock.sleep(self._interval())
             await self.beat()
-            try:
-                await self.db.shed_idle()
-            except DB_ERRORS as exc:
-                resume_cancellation(exc)
             if isinstance(self.clock, DatabaseClock) and (
                 self.clock.wall_stepped() or time.monotonic() - self._last_sync > CLOCK_SYNC_SECONDS
             ):
@@ -155,3 +151,19 @@ class Heartbeat(Role):
         for handle in self.runs:
             if not handle.done.is_set():
                 self.runs.cancel(handle, CancelReason.FENCED)
+
+
+class Shedder(Role):
+    """Closes the pooled connections nobody used for a while (:meth:`Database.shed_idle`), on
+    its own timer: a heartbeat waiting in a pooler's queue for a connection must not keep the
+    idle ones, whose closing frees the pooler's server connections, from being closed."""
+
+    name = "connection shedder"
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.db.idle_for / 2)
+            try:
+                await self.db.shed_idle()
+            except DB_ERRORS as exc:
+                resume_cancellation(exc)

@@ -24,7 +24,7 @@ from app.errors import ConfigError, InvalidJobError
 from app.failover import Reconnection
 from app.fencing import Fencing
 from app.firing import Firing
-from app.heartbeat import Heartbeat
+from app.heartbeat import Heartbeat, Shedder
 from app.inflight import Runs
 from app.leader import Leader
 from app.logs import run_fields
@@ -208,6 +208,7 @@ class Service:
         self.heartbeat.on_id_taken = self._id_taken
         self.heartbeat.judging_elsewhere = lambda: self.reconnection.pending
         self.fencing = Fencing(shared, runs=self.runs)
+        self.shedder = Shedder(shared)
         # Leases kept while a job blocks the loop (production clock only: a test's manual clock
         # does not move while the loop is blocked, and nothing lapses).
         self.watchdog: Watchdog | None = None
@@ -258,6 +259,7 @@ class Service:
             self.outcomes,
             self.heartbeat,
             self.fencing,
+            self.shedder,
             self.reconnection,
             self.queued,
             self.runtime,
@@ -278,6 +280,7 @@ class Service:
             *([self.watchdog] if self.watchdog else []),
             self.heartbeat,
             self.fencing,
+            self.shedder,
             self.reconnection,
             self.outcomes,
         ]

@@ -28,6 +28,10 @@ log = logging.getLogger("slotcron.database")
 
 IDLE_CONNECTION_SECONDS = 30.0
 """A pooled connection unused this long is closed (one is always kept)."""
+IDLE_BEHIND_POOLER_SECONDS = 5.0
+"""The same behind a pooler, where an idle connection pins one of its few server connections
+(in session mode): five instances starting together held 28 for the first 30 s, and renewals
+waited in the pooler's queue until they were closed."""
 
 
 def now_in_sql(dialect: Dialect, server_clock: bool, name: str = "p_now") -> ColumnElement[Any]:
@@ -136,10 +140,18 @@ class Database:
             self.read_only_since = None
             log.warning("the database takes writes again")
 
-    async def shed_idle(self, idle_for: float = IDLE_CONNECTION_SECONDS) -> int:
-        """Close the pooled connections nobody used for ``idle_for`` seconds, but one: an idle
-        instance holds few server connections (behind a session pooler, each is one of the
-        pool's few). Returns how many were closed."""
+    @property
+    def idle_for(self) -> float:
+        """How long a pooled connection may go unused before :meth:`shed_idle` closes it."""
+        if self.dialect.pooler != "none":
+            return IDLE_BEHIND_POOLER_SECONDS
+        return IDLE_CONNECTION_SECONDS
+
+    async def shed_idle(self, idle_for: float | None = None) -> int:
+        """Close the pooled connections nobody used for ``idle_for`` seconds (default
+        :attr:`idle_for`), but one: an idle instance holds few server connections (behind a
+        session pooler, each is one of the pool's few). Returns how many were closed."""
+        idle_for = self.idle_for if idle_for is None else idle_for
         pool = self.engine.sync_engine.pool
         shed = getattr(pool, "shed_idle", None)
         if shed is None:
