@@ -1,7 +1,7 @@
 # slotcron: an asyncio cron scheduler for clusters.
 #
 #   docker build -t slotcron .
-#   docker run --rm -it -v slotcron-data:/data slotcron run --jobs app.examples
+#   docker run --rm -it -v slotcron-data:/data slotcron run --jobs slotcron.examples
 #
 # Configuration comes from the environment (see .env.example), notably:
 #   SCHEDULER_DATABASE_URL  the shared database of the cluster; left at its default here
@@ -21,9 +21,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     SCHEDULER_HTTP_PORT=8080
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY app/ app/
-COPY migrations/ migrations/
 # tzdata: the IANA time zone database for zoneinfo, whatever the base image ships.
 RUN pip install --no-cache-dir . tzdata \
     && rm -rf /src

@@ -138,7 +138,8 @@ def default_grace(expr: str, seconds_first: bool) -> float:
     first, second = trigger.next(), trigger.next()
     if first is None or second is None:
         return 60.0
-    return min(max((second - first).total_seconds(), 5.0), 60.0)
+    gap: float = (second - first).total_seconds()
+    return min(max(gap, 5.0), 60.0)
 
 
 def make_event_broker(engine: AsyncEngine) -> EventBroker:

@@ -17,10 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app import JobContext
-from app.config import Settings
-from app.registry import Registry, cron
-from app.service import Service
+from slotcron import JobContext
+from slotcron.config import Settings
+from slotcron.jobs.registry import Registry, cron
+from slotcron.service.service import Service
+
 from tests import backends
 
 

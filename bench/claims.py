@@ -18,14 +18,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.claims import Claimer
-from app.clock import SystemClock
-from app.config import Settings
-from app.registry import Registry, cron
-from app.roles import Collaborators
-from app.store import migrate, registrations
-from app.store.database import Database
-from app.store.registrations import JobRow
+from slotcron.clock import SystemClock
+from slotcron.config import Settings
+from slotcron.engine.claims import Claimer
+from slotcron.jobs.registry import Registry, cron
+from slotcron.lifeline.roles import Collaborators
+from slotcron.store import migrate, registrations
+from slotcron.store.database import Database
+from slotcron.store.registrations import JobRow
+
 from tests import backends
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.slots import CronSchedule
+from slotcron.schedule.slots import CronSchedule
 
 EXPRESSIONS = (
     "*/5 * * * * *",

@@ -11,7 +11,7 @@ import atexit
 import os
 import time
 
-from app import JobContext, cron
+from slotcron import JobContext, cron
 
 _starts: list[tuple[int, float, float]] = []
 

@@ -10,7 +10,7 @@ Workloads (README "Benchmark" has the definitions and the last figures):
   throughput  the most slot runs per second 3 instances sustain (p99 lag < 1 s, none missed)
   idle        10,000 jobs with no slot due for an hour, one instance, 60 s
   statements  database round trips per slot run (counted by the database)
-  schedules   runtime schedules created through app.Client: 1,000 one by one, 100,000 in one
+  schedules   runtime schedules created through slotcron.Client: 1,000 one by one, 100,000 in one
               add_schedules (bench/schedules.py; slotcron only, not in the default set)
 
 Every job records its real start; lag = start - slot. ``doubled`` is a (job, slot) started
@@ -160,7 +160,7 @@ class Slotcron(System):
     def prepare(self, jobs: int, expression: str) -> None:
         env = {"SCHEDULER_DATABASE_URL": self.url}
         subprocess.run(
-            [sys.executable, "-m", "app", "migrate"],
+            [sys.executable, "-m", "slotcron", "migrate"],
             cwd=ROOT,
             env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
             check=True,
@@ -178,7 +178,7 @@ class Slotcron(System):
             # As APScheduler's max_concurrent_jobs below: every job due at once may run at once.
             "SCHEDULER_MAX_CONCURRENCY": str(max(jobs, 1000)),
         }
-        argv = [sys.executable, "-m", "app", "run", "--jobs", JOBS_MODULE]
+        argv = [sys.executable, "-m", "slotcron", "run", "--jobs", JOBS_MODULE]
         return self._spawn(name, argv, env, ready=False)
 
 
@@ -524,7 +524,7 @@ def main() -> None:
         from bench import schedules
 
         rates = schedules.measure(args.backend)
-        print(f"schedules through app.Client:\n{schedules.report(rates)}", flush=True)
+        print(f"schedules through slotcron.Client:\n{schedules.report(rates)}", flush=True)
         created = {Slotcron.name: Outcome(extra={"one": rates.one_by_one, "batch": rates.batched})}
         bench.add("schedules created", "one by one per s", created, lambda o: o.extra["one"])
         bench.add("schedules created", "add_schedules per s", created, lambda o: o.extra["batch"])
@@ -539,7 +539,7 @@ def main() -> None:
 
 
 def _version() -> str:
-    from app.version import __version__
+    from slotcron.version import __version__
 
     return __version__
 

@@ -34,10 +34,11 @@ from sqlalchemy import text
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app import Client  # noqa: E402
-from app.config import Settings  # noqa: E402
-from app.store import migrate  # noqa: E402
-from app.store.database import Database  # noqa: E402
+from slotcron import Client  # noqa: E402
+from slotcron.config import Settings  # noqa: E402
+from slotcron.store import migrate  # noqa: E402
+from slotcron.store.database import Database  # noqa: E402
+
 from bench import runtime_jobs  # noqa: E402  (registers the task in this process)
 from bench.run import Counters, Proc, System, wait_for  # noqa: E402
 from tests import backends  # noqa: E402
@@ -87,7 +88,7 @@ class Instance(System):
             "SCHEDULER_MAX_CONCURRENCY": "100000",
             "BENCH_OUT": str(self.workdir / f"{name}.starts"),
         }
-        argv = [sys.executable, "-m", "app", "run", "--jobs", "bench.runtime_jobs"]
+        argv = [sys.executable, "-m", "slotcron", "run", "--jobs", "bench.runtime_jobs"]
         return self._spawn(name, argv, env, ready=False)
 
     def starts(self) -> list[tuple[str, float, float]]:

@@ -10,7 +10,7 @@ import atexit
 import os
 import time
 
-from app import JobContext, task
+from slotcron import JobContext, task
 
 TASK = "bench.runtime"
 _starts: list[tuple[str, float, float]] = []

@@ -1,4 +1,4 @@
-"""Creating runtime schedules through ``app.Client`` (issue 15): one by one, and batched.
+"""Creating runtime schedules through ``slotcron.Client`` (issue 15): one by one, and batched.
 
     python -m bench.schedules [--backend postgresql] [--one 1000] [--batch 100000]
     python -m bench.run --only schedules
@@ -22,12 +22,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app import Client, JobContext  # noqa: E402
-from app.config import Settings  # noqa: E402
-from app.registry import Registry, task  # noqa: E402
-from app.store import migrate  # noqa: E402
-from app.store import schedules as store  # noqa: E402
-from app.store.database import Database  # noqa: E402
+from slotcron import Client, JobContext  # noqa: E402
+from slotcron.config import Settings  # noqa: E402
+from slotcron.jobs.registry import Registry, task  # noqa: E402
+from slotcron.store import migrate  # noqa: E402
+from slotcron.store import schedules as store  # noqa: E402
+from slotcron.store.database import Database  # noqa: E402
+
 from tests import backends  # noqa: E402
 
 TASK = "bench.send_report"
@@ -119,7 +120,7 @@ def main() -> None:
     available = backends.probe_all()
     if not available.ok.get(args.backend):
         sys.exit(f"{args.backend} is not reachable: {available.why.get(args.backend)}")
-    print(f"schedules through app.Client on {args.backend}:")
+    print(f"schedules through slotcron.Client on {args.backend}:")
     print(report(measure(args.backend, args.one, args.batch)))
 
 

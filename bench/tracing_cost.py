@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
-from app import tracing
-from app.clock import Clock, ManualClock
-from app.registry import Job
-from app.store.claims import Claim
+from slotcron.clock import Clock, ManualClock
+from slotcron.jobs.registry import Job
+from slotcron.observe import tracing
+from slotcron.store.claims import Claim
 
 
 async def _nothing() -> None:

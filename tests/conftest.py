@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slotcron.config import Settings
+from slotcron.jobs.registry import Job
+from slotcron.service.service import Service
+from slotcron.store import migrate
+from slotcron.store.database import Database
+from slotcron.store.tables import executions
 from sqlalchemy import func, select
 
-from app.config import Settings
-from app.registry import Job
-from app.service import Service
-from app.store import migrate
-from app.store.database import Database
-from app.store.tables import executions
 from tests import backends
 from tests.cluster.harness import Instance
 
@@ -36,7 +36,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 class _LeftBehind(logging.Handler):
-    """Collects, across the session, each loop a stop went on without (app.roles.stop_task):
+    """Collects, across the session, each loop a stop went on without
+    (slotcron.lifeline.roles.stop_task):
     the test passes, and the summary says where the loop was stuck."""
 
     def __init__(self) -> None:
@@ -61,7 +62,9 @@ def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     found = [f for f in LEFT_BEHIND.found if "test_a_stop_goes_on_without" not in f]
     if found:
-        terminalreporter.write_sep("-", "loops a shutdown went on without (app.roles.stop_task)")
+        terminalreporter.write_sep(
+            "-", "loops a shutdown went on without (slotcron.lifeline.roles.stop_task)"
+        )
         for line in found:
             terminalreporter.write_line(line)
     available = backends.AVAILABLE

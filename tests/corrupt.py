@@ -6,10 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from slotcron.store.database import Database
+from slotcron.store.tables import UTCDateTime
 from sqlalchemy import bindparam, text
-
-from app.store.database import Database
-from app.store.tables import UTCDateTime
 
 BIG_NUMBER = '{"tenant": ' + "7" * 5000 + "}"
 """Params holding a 5,000-digit integer: storable on every backend, readable by no Python with

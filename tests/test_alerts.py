@@ -8,13 +8,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from slotcron.clock import SystemClock
+from slotcron.config import ALERT_EVENTS, Settings, load_settings
+from slotcron.errors import ConfigError, InvalidJobError
+from slotcron.jobs.registry import Registry, cron, every
+from slotcron.observe.alerts import Webhook, safe_url
+from slotcron.store.claims import Claim
 
-from app.alerts import Webhook, safe_url
-from app.clock import SystemClock
-from app.config import ALERT_EVENTS, Settings, load_settings
-from app.errors import ConfigError, InvalidJobError
-from app.registry import Registry, cron, every
-from app.store.claims import Claim
 from tests.conftest import wait_for
 from tests.test_masking import SECRET, SHAPES
 from tests.webhook import webhook

@@ -127,7 +127,7 @@ def one_line(stderr: str) -> str:
 def test_the_console_script_and_python_m_app_report_the_same_version(cli: Cli) -> None:
     script = cli.ok("--version")
     module = subprocess.run(
-        [sys.executable, "-m", "app", "--version"],
+        [sys.executable, "-m", "slotcron", "--version"],
         cwd=cli.cwd,
         env=cli.env(),
         capture_output=True,
@@ -160,7 +160,7 @@ def test_an_unknown_option_is_bad_usage(cli: Cli) -> None:
 
 def test_check_prints_the_next_five_future_utc_slots_of_every_example_job(cli: Cli) -> None:
     before = datetime.now(UTC)
-    done = cli.ok("check", "--jobs", "app.examples")
+    done = cli.ok("check", "--jobs", "slotcron.examples")
 
     lines = done.stdout.splitlines()
     for job in EXAMPLE_JOBS:
@@ -177,7 +177,7 @@ def test_check_names_the_job_and_the_field_of_a_bad_cron_expression(cli: Cli) ->
     module = cli.write_module(
         "badcron",
         """
-        from app import cron
+        from slotcron import cron
 
         @cron("61 * * * *", name="broken_minute")
         async def broken() -> None: ...
@@ -196,7 +196,7 @@ def test_check_says_which_day_rule_applies_to_a_job_restricting_both_day_fields(
     module = cli.write_module(
         "dayrules",
         """
-        from app import cron
+        from slotcron import cron
 
         @cron("0 0 9 1-7 * MON", name="spring_first_monday")
         async def spring() -> None: ...
@@ -294,7 +294,7 @@ def test_bad_jobs_or_bad_configuration_never_touch_the_stored_data(cli: Cli) -> 
     module = cli.write_module(
         "badjobs",
         """
-        from app import every
+        from slotcron import every
 
         @every(seconds=0, name="never")
         async def never() -> None: ...
@@ -304,8 +304,8 @@ def test_bad_jobs_or_bad_configuration_never_touch_the_stored_data(cli: Cli) -> 
     attempts = [
         cli("check", "--jobs", module),
         cli("run", "--jobs", module),
-        cli("run", "--jobs", "app.examples", env={"SCHEDULER_LEASE_SECONDS": "-1"}),
-        cli("run", "--jobs", "app.examples", env={"SCHEDULER_LOG_LEVEL": "LOUD"}),
+        cli("run", "--jobs", "slotcron.examples", env={"SCHEDULER_LEASE_SECONDS": "-1"}),
+        cli("run", "--jobs", "slotcron.examples", env={"SCHEDULER_LOG_LEVEL": "LOUD"}),
     ]
 
     assert [a.returncode for a in attempts] == [2, 2, 2, 2], [a.stderr for a in attempts]
@@ -322,7 +322,7 @@ def ticking_history(cli: Cli) -> Iterator[list[dict[str, Any]]]:
     module = cli.write_module(
         "ticks",
         """
-        from app import every
+        from slotcron import every
 
         @every(seconds=1, name="tick")
         async def tick() -> None:

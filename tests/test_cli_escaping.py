@@ -2,7 +2,8 @@
 characters (C0, ESC, DEL, C1) come out as ``\\x1b`` escapes, each on its line, and ``--json`` stays
 JSON that gives the id back exactly.
 
-An id with control characters can no longer be created (the checks of ``app.schedules``); one
+An id with control characters can no longer be created (the checks of ``slotcron.jobs.schedules``);
+one
 written before them, or straight into the database, is what these tests print. SQLite only: the
 escaping is the CLI's, the same whatever database the row came from.
 """
@@ -17,19 +18,18 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from slotcron.cli.main import say, say_json
+from slotcron.config import Settings
+from slotcron.store.database import Database
+from slotcron.store.tables import jobs
 from sqlalchemy import update
-
-from app.cli import say, say_json
-from app.config import Settings
-from app.store.database import Database
-from app.store.tables import jobs
 
 # A title change (OSC ... BEL), a colour, a C1 CSI clearing the screen, DEL, a bidirectional
 # override, and a newline followed by what looks like another line of output.
 HOSTILE_ID = "tenant/\x1b]0;pwned\x07\x1b[31mred\x9b2J\x7f\u202e\nremoved everything"
 RAW_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 TASKS = """
-    from app import JobContext, task
+    from slotcron import JobContext, task
 
     @task(name="reports.send")
     async def send(ctx: JobContext) -> None:

@@ -23,7 +23,7 @@ import pytest
 T = TypeVar("T")
 
 JOBS = """
-    from app import JobContext, cron
+    from slotcron import JobContext, cron
 
     @cron("* * * * * *", name="tick")
     async def tick() -> None:

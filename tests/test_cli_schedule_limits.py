@@ -5,9 +5,9 @@ for byte, and an unreadable row listed with its error instead of failing the lis
 from __future__ import annotations
 
 import pytest
+from slotcron.config import Settings
+from slotcron.store.database import Database
 
-from app.config import Settings
-from app.store.database import Database
 from tests.corrupt import BIG_NUMBER, corrupt
 from tests.test_cli_schedules import CODE_JOB, Cli, add_code_job, cli, schedule_rows
 

@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slotcron.config import Settings
+from slotcron.store.database import Database
+from slotcron.store.registrations import JobRow, register_jobs
+from slotcron.store.tables import jobs
 from sqlalchemy import func, select
 
-from app.config import Settings
-from app.store.database import Database
-from app.store.registrations import JobRow, register_jobs
-from app.store.tables import jobs
-
 TASKS = """
-    from app import JobContext, task
+    from slotcron import JobContext, task
 
     @task(name="reports.send", max_attempts=2)
     async def send(ctx: JobContext) -> None:

@@ -7,8 +7,7 @@ import asyncio
 from datetime import timedelta
 
 import pytest
-
-from app.clock import FINAL_APPROACH, SystemClock
+from slotcron.clock import FINAL_APPROACH, SystemClock
 
 
 @pytest.mark.parametrize("precise", [False, True])

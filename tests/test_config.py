@@ -10,9 +10,8 @@ import os
 from pathlib import Path
 
 import pytest
-
-from app.config import load_settings
-from app.errors import ConfigError
+from slotcron.config import load_settings
+from slotcron.errors import ConfigError
 
 PASSWORD = "hunter2"
 
@@ -117,8 +116,8 @@ def test_jobs_is_a_comma_separated_list_of_modules(monkeypatch: pytest.MonkeyPat
 
 
 def test_empty_entries_in_jobs_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SCHEDULER_JOBS", " app.examples ,, other.jobs , ")
-    assert load_settings().jobs == ["app.examples", "other.jobs"]
+    monkeypatch.setenv("SCHEDULER_JOBS", " slotcron.examples ,, other.jobs , ")
+    assert load_settings().jobs == ["slotcron.examples", "other.jobs"]
 
 
 def test_numbers_and_choices_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -208,7 +207,7 @@ def test_a_heartbeat_is_checked_against_the_lease_actually_configured(
 
 
 def test_config_error_is_a_slotcron_error_not_a_validation_error() -> None:
-    from app.errors import SlotcronError
+    from slotcron.errors import SlotcronError
 
     assert issubclass(ConfigError, SlotcronError)
 
@@ -341,7 +340,7 @@ def test_a_password_holding_an_unencoded_at_sign_is_masked_whole(
 
 
 def test_masking_free_text_hides_everything_up_to_the_last_at_of_the_url() -> None:
-    from app.config import mask_url_text
+    from slotcron.config import mask_url_text
 
     text = f"connect postgresql://app:p@{PASSWORD}@@db/x failed; mail ops@example.com"
     masked = mask_url_text(text)

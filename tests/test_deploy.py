@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from slotcron.jobs.registry import Registry, every
 
-from app.registry import Registry, every
 from tests.conftest import CI, ServiceFactory, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,8 +63,9 @@ def base_name(name: str) -> str:
 
 
 def declared_in_source() -> set[str]:
-    """Metric names app/metrics.py declares (prometheus-client adds ``_total`` to counters)."""
-    source = (ROOT / "app" / "metrics.py").read_text()
+    """Metric names app/slotcron/observe/metrics.py declares (prometheus-client adds ``_total`` to
+    counters)."""
+    source = (ROOT / "app" / "slotcron" / "observe" / "metrics.py").read_text()
     return {base_name(name) for name in re.findall(r'"(slotcron_[a-z0-9_]+)"', source)}
 
 
@@ -119,7 +120,7 @@ async def test_every_metric_the_rules_and_dashboard_use_exists(
 ) -> None:
     """A typo in a metric name would make an alert that can never fire and a panel that stays
     empty, silently: each name must be served by a live /metrics or declared in
-    app/metrics.py."""
+    app/slotcron/observe/metrics.py."""
     service = await start_service(list(scrape_jobs()), http_port=0)
     assert service.http is not None
     url = f"{service.http.url}/metrics"

@@ -11,12 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from slotcron.store import markers
+from slotcron.store.dialects import Dialect, dialect_for
 from sqlalchemy import Column, MetaData, String, Table, insert, literal, select
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import make_url
-
-from app.store import markers
-from app.store.dialects import Dialect, dialect_for
 
 URLS = {
     "postgresql": "postgresql+asyncpg://u@h/d",

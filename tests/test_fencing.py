@@ -10,17 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import slotcron.store.runs
+from slotcron.clock import ManualClock
+from slotcron.jobs.registry import Registry, every
+from slotcron.lifeline.fencing import Fencing
+from slotcron.lifeline.heartbeat import Heartbeat
+from slotcron.lifeline.inflight import CancelReason, RunHandle, Runs, margin, trusted_until
+from slotcron.lifeline.roles import Collaborators
+from slotcron.store.claims import Claim
+from slotcron.store.database import Database
 from sqlalchemy.engine import make_url
-
-import app.store.runs
-from app.clock import ManualClock
-from app.fencing import Fencing
-from app.heartbeat import Heartbeat
-from app.inflight import CancelReason, RunHandle, Runs, margin, trusted_until
-from app.registry import Registry, every
-from app.roles import Collaborators
-from app.store.claims import Claim
-from app.store.database import Database
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -120,7 +119,7 @@ async def test_a_slow_successful_renewal_extends_trust_only_from_when_it_was_sen
         await clock.advance(2.0)  # the answer comes back 2 s after the renewal was sent
         return None  # every lease renewed
 
-    monkeypatch.setattr(app.store.runs, "renew", slow_renewal)
+    monkeypatch.setattr(slotcron.store.runs, "renew", slow_renewal)
     heartbeat = Heartbeat(shared, runs=runs, period=0.5, instance_state=lambda: "running")
     await clock.advance(1.0)
     sent = clock.monotonic()
@@ -139,7 +138,7 @@ async def test_a_renewal_that_fails_leaves_the_deadline_where_it_was(
     async def refused(*_args: Any, **_kwargs: Any) -> None:
         raise ConnectionRefusedError("the database is gone")
 
-    monkeypatch.setattr(app.store.runs, "renew", refused)
+    monkeypatch.setattr(slotcron.store.runs, "renew", refused)
     heartbeat = Heartbeat(shared, runs=runs, period=0.5, instance_state=lambda: "running")
     await clock.advance(1.0)
     await heartbeat.beat()
@@ -158,7 +157,7 @@ async def test_a_run_the_database_no_longer_counts_as_ours_is_fenced_at_once(
     async def lapsed(*_args: Any, **_kwargs: Any) -> set[int]:
         return set()  # its lease lapsed: the renewal did not revive it
 
-    monkeypatch.setattr(app.store.runs, "renew", lapsed)
+    monkeypatch.setattr(slotcron.store.runs, "renew", lapsed)
     heartbeat = Heartbeat(shared, runs=runs, period=0.5, instance_state=lambda: "running")
     await heartbeat.beat()
     assert run.cancel_reason is CancelReason.FENCED and run.lease_lost.is_set()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from app.fingerprint import anchor_of, fingerprint, same_schedule
-from app.slots import IntervalSchedule, shared
+from slotcron.schedule.fingerprint import anchor_of, fingerprint, same_schedule
+from slotcron.schedule.slots import IntervalSchedule, shared
 
 ANCHOR = datetime(2026, 3, 1, 12, 0, 0, 250_000, tzinfo=UTC)
 

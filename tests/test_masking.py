@@ -6,9 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from app.config import mask_url_text
-from app.masking import MASK, is_secret_name, mask, mask_value
+from slotcron.config import mask_url_text
+from slotcron.masking import MASK, is_secret_name, mask, mask_value
 
 SECRET = "Hunter2-s3cret"
 

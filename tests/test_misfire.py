@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from app import misfire
-from app.registry import Registry, cron, every
-from app.slots import IntervalSchedule, shared
+from slotcron.jobs import misfire
+from slotcron.jobs.registry import Registry, cron, every
+from slotcron.schedule.slots import IntervalSchedule, shared
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, 500_000, tzinfo=UTC)
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from app.permits import Permits, RunPermits
+from slotcron.engine.permits import Permits, RunPermits
 
 
 async def test_run_permits_go_to_the_earliest_deadline_first_then_in_arrival_order() -> None:

@@ -10,10 +10,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-
-import app
-from app import InvalidJobError, JobContext
-from app.registry import Registry, cron, every
+import slotcron
+from slotcron import InvalidJobError, JobContext
+from slotcron.jobs.registry import Registry, cron, every
 
 
 async def nightly_report() -> None:
@@ -73,7 +72,7 @@ def registry() -> Registry:
 
 
 def test_invalid_job_error_is_exported_from_the_package_and_is_a_value_error() -> None:
-    assert app.InvalidJobError is InvalidJobError
+    assert slotcron.InvalidJobError is InvalidJobError
     assert issubclass(InvalidJobError, ValueError)
 
 
@@ -359,7 +358,7 @@ def test_every_records_a_fixed_rate_interval_job(registry: Registry) -> None:
 def test_registering_into_a_fresh_registry_leaves_the_global_one_untouched(
     registry: Registry,
 ) -> None:
-    from app.registry import REGISTRY
+    from slotcron.jobs.registry import REGISTRY
 
     before = len(REGISTRY)
     cron("0 * * * *", name="isolated-job", registry=registry)(no_arguments)

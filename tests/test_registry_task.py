@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from app import InvalidJobError, JobContext, task
-from app.registry import Registry, cron
+from slotcron import InvalidJobError, JobContext, task
+from slotcron.jobs.registry import Registry, cron
 
 
 def test_a_task_is_registered_with_its_options_and_is_not_a_scheduled_job() -> None:

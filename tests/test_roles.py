@@ -9,14 +9,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from slotcron.clock import ManualClock
+from slotcron.lifeline import roles
+from slotcron.lifeline.outage import DB_ERRORS
+from slotcron.lifeline.roles import Collaborators, Role
+from slotcron.store.database import Database
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from app import roles
-from app.clock import ManualClock
-from app.outage import DB_ERRORS
-from app.roles import Collaborators, Role
-from app.store.database import Database
 from tests.conftest import wait_for
 
 

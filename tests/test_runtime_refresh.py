@@ -9,9 +9,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-from app import runtime
-from app.runtime import DEFER_REFRESH_SECONDS, Runtime
+from slotcron.engine import runtime
+from slotcron.engine.runtime import DEFER_REFRESH_SECONDS, Runtime
 
 
 def loader(claiming: int) -> tuple[Any, list[int]]:

@@ -11,8 +11,7 @@ from itertools import pairwise
 from zoneinfo import ZoneInfo
 
 import pytest
-
-from app.slots import CronSchedule, IntervalSchedule, slots_between
+from slotcron.schedule.slots import CronSchedule, IntervalSchedule, slots_between
 
 NEW_YORK = "America/New_York"
 BERLIN = "Europe/Berlin"

@@ -16,10 +16,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-from app import InvalidJobError
-from app.registry import Registry, cron, every, task
-from app.schedules import (
+from slotcron import InvalidJobError
+from slotcron.jobs.registry import Registry, cron, every, task
+from slotcron.jobs.schedules import (
     MAX_DIGITS,
     MAX_PARAMS_BYTES,
     ScheduleRecord,
@@ -31,7 +30,7 @@ from app.schedules import (
     read_row,
     schedule_json,
 )
-from app.slots import zone_problem
+from slotcron.schedule.slots import zone_problem
 
 TASK = TaskInfo("reports.send", {}, None)
 CONTROL = ["a\nb", "a\rb", "a\tb", "a\x1b[31mb", "a\x00b", "a\x7fb", "a\x85b", "a\x9bb"]

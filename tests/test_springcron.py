@@ -15,11 +15,10 @@ from datetime import UTC, date, datetime, timedelta
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-
-from app import InvalidJobError
-from app.registry import Registry, cron
-from app.slots import CronSchedule, normalise_cron
-from app.springcron import day_rule
+from slotcron import InvalidJobError
+from slotcron.jobs.registry import Registry, cron
+from slotcron.schedule.slots import CronSchedule, normalise_cron
+from slotcron.schedule.springcron import day_rule
 
 BERLIN = "Europe/Berlin"
 NEW_YORK = "America/New_York"

@@ -23,8 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-
-from app.springcron import SpringCron
+from slotcron.schedule.springcron import SpringCron
 
 JARS = [
     Path("/usr/share/java/spring3-context.jar"),

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from slotcron.jobs.registry import Registry, every
+from slotcron.observe import tracing
 
-from app import tracing
-from app.registry import Registry, every
 from tests.conftest import CI, ServiceFactory, wait_for
 from tests.test_masking import SECRET, SHAPES
 
@@ -164,10 +164,10 @@ _SERVICE_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys
     {prelude}
-    from app import tracing
-    from app.config import Settings
-    from app.registry import Registry, every
-    from app.service import Service
+    from slotcron.observe import tracing
+    from slotcron.config import Settings
+    from slotcron.jobs.registry import Registry, every
+    from slotcron.service.service import Service
 
     registry = Registry()
     ran = []

@@ -19,10 +19,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from slotcron.store.database import Database
+from slotcron.store.tables import LEADER_ROW, executions, leader
 from sqlalchemy import select
-
-from app.store.database import Database
-from app.store.tables import LEADER_ROW, executions, leader
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,7 +82,7 @@ class Instance:
         env.update(self.env)
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "app", "run", "--jobs", self.jobs],
+            [sys.executable, "-m", "slotcron", "run", "--jobs", self.jobs],
             cwd=ROOT,
             env=env,
             stdout=self._log,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 
-from app import JobContext, every
+from slotcron import JobContext, every
+
 from tests.cluster.harness import record
 
 N_JOBS = int(os.environ.get("AHEAD_JOBS", "200"))

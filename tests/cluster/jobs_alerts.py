@@ -3,7 +3,8 @@ webhook's cluster test. Each run records itself before it fails."""
 
 from __future__ import annotations
 
-from app import JobContext, cron
+from slotcron import JobContext, cron
+
 from tests.cluster.harness import record
 
 

@@ -11,7 +11,8 @@ import asyncio
 import os
 import random
 
-from app import JobContext, cron
+from slotcron import JobContext, cron
+
 from tests.cluster.harness import record
 
 N_JOBS = 20

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app import JobContext, cron, every
+from slotcron import JobContext, cron, every
+
 from tests.cluster.harness import record
 
 SCENARIO = os.environ.get("SLOTCRON_GRAY", "")

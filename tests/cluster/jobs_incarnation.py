@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
-from app import JobContext, cron
+from slotcron import JobContext, cron
+
 from tests.cluster.harness import record
 
 

@@ -3,7 +3,8 @@ something else (leadership)."""
 
 from __future__ import annotations
 
-from app import JobContext, cron
+from slotcron import JobContext, cron
+
 from tests.cluster.harness import record
 
 

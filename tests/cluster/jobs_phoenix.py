@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from app import JobContext, every
+from slotcron import JobContext, every
+
 from tests.cluster.harness import record
 
 

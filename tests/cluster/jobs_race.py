@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import random
 
-from app import JobContext, cron
+from slotcron import JobContext, cron
+
 from tests.cluster.harness import record
 
 

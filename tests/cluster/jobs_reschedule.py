@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import os
 
-from app import JobContext, every
+from slotcron import JobContext, every
+
 from tests.cluster.harness import record
 
 N_JOBS = 5

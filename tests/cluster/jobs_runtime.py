@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from app import JobContext, task
+from slotcron import JobContext, task
+
 from tests.cluster.harness import record
 
 TASK = "cluster.tick"

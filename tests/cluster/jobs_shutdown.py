@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 
-from app import JobContext, every
+from slotcron import JobContext, every
+
 from tests.cluster.harness import record
 
 SLEEP = float(os.environ.get("SLEEP_SECONDS", "30"))

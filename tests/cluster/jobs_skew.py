@@ -13,7 +13,8 @@ import os
 import random
 from pathlib import Path
 
-from app import JobContext, cron
+from slotcron import JobContext, cron
+
 from tests.cluster.harness import record
 
 N_JOBS = 5

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slotcron.store.database import Database
+from slotcron.store.operations import list_jobs
+from slotcron.store.tables import instances, jobs
 from sqlalchemy import select
 
-from app.store.database import Database
-from app.store.operations import list_jobs
-from app.store.tables import instances, jobs
 from tests.cluster.conftest import Spawn
 from tests.cluster.harness import execution_rows, read_records, slot_time, wait_until
 

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slotcron.store.database import Database
+from slotcron.store.tables import executions, jobs
 from sqlalchemy import case, func, select, update
 
-from app.store.database import Database
-from app.store.tables import executions, jobs
 from tests.cluster.conftest import Spawn
 from tests.cluster.harness import Instance, read_records, slot_time, wait_until
 

@@ -19,7 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from app.store.database import Database
+from slotcron.store.database import Database
+
 from tests.cluster.conftest import Spawn
 from tests.cluster.harness import (
     Instance,
@@ -35,8 +36,8 @@ JOBS = "tests.cluster.jobs_chaos"
 N_JOBS = 20
 LEASE = 3.0
 HEARTBEAT = 0.5
-PERIOD = min(HEARTBEAT, LEASE / 4)  # heartbeat and queue period (app/service.py)
-LEADER_PERIOD = max(PERIOD, LEASE / 3)  # the leader's tick (app/service.py)
+PERIOD = min(HEARTBEAT, LEASE / 4)  # heartbeat and queue period (app/slotcron/service/service.py)
+LEADER_PERIOD = max(PERIOD, LEASE / 3)  # the leader's tick (app/slotcron/service/service.py)
 MARGIN = 1.0  # a loaded 2-core machine: a tick may come late by this much
 DURATION = float(os.environ.get("SLOTCRON_CHAOS_SECONDS", "24"))
 KILL_EVERY = float(os.environ.get("SLOTCRON_CHAOS_KILL_EVERY", "8"))

@@ -8,10 +8,10 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
+from slotcron.store.database import Database
+from slotcron.store.tables import executions
 from sqlalchemy import select
 
-from app.store.database import Database
-from app.store.tables import executions
 from tests.cluster.conftest import Spawn
 from tests.cluster.harness import read_records, wait_until
 

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slotcron.store.database import Database
+from slotcron.store.tables import executions
 from sqlalchemy import select
 
-from app.store.database import Database
-from app.store.tables import executions
 from tests.cluster.conftest import Spawn
 from tests.cluster.harness import (
     Instance,
@@ -682,7 +682,8 @@ async def test_d_leader_stepping_ahead_abandons_no_healthy_run(
 # (e) ------------------------------------------------------------------------------------------
 
 GRACE = {"late-cron": 2.0, "late-every": 3.0}
-"""Each late job's grace (app/misfire.py: until the next slot, between 1 s and 60 s)."""
+"""Each late job's grace (app/slotcron/jobs/misfire.py: until the next slot, between 1 s and 60
+s)."""
 START = 0.25
 """From a claim committed within the grace to the body's first line."""
 

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slotcron.store.database import Database
+from slotcron.store.tables import instances
 from sqlalchemy import select
 
-from app.store.database import Database
-from app.store.tables import instances
 from tests.cluster.harness import execution_rows, read_records, wait_until
 from tests.conftest import Spawn
 

@@ -13,17 +13,19 @@ import time
 from datetime import datetime
 from typing import Any
 
+from slotcron.store.database import Database
+from slotcron.store.tables import instances
 from sqlalchemy import select
 
-from app.store.database import Database
-from app.store.tables import instances
 from tests.cluster.conftest import Spawn
 from tests.cluster.harness import Instance, leader_row
 
 JOBS = "tests.cluster.jobs_light"
 LEASE = 2.0
 HEARTBEAT = 0.4
-PERIOD = max(min(HEARTBEAT, LEASE / 4), LEASE / 3)  # the leader's tick (app/service.py)
+PERIOD = max(
+    min(HEARTBEAT, LEASE / 4), LEASE / 3
+)  # the leader's tick (app/slotcron/service/service.py)
 MARGIN = 1.0
 ENV: dict[str, Any] = dict(SCHEDULER_LEASE_SECONDS=LEASE, SCHEDULER_HEARTBEAT_SECONDS=HEARTBEAT)
 LOG_LINE = re.compile(r"^(\S+) +\w+ +slotcron\.leader: (took|lost|resigned) leadership", re.M)

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slotcron.config import Settings
+from slotcron.store.database import Database
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from app.config import Settings
-from app.store.database import Database
 from tests.cluster.conftest import Spawn
 from tests.cluster.harness import execution_rows, read_records, slot_time, wait_until
 

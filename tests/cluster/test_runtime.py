@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slotcron import JobContext
+from slotcron.engine.burst import LEAD_MAX
+from slotcron.jobs.registry import Registry, task
+from slotcron.store import schedules as store
+from slotcron.store.database import Database
+from slotcron.store.tables import executions
 from sqlalchemy import select
 
-from app import JobContext
-from app.burst import LEAD_MAX
-from app.registry import Registry, task
-from app.store import schedules as store
-from app.store.database import Database
-from app.store.tables import executions
 from tests.cluster.conftest import Spawn
 from tests.cluster.harness import read_records, slot_time, wait_until
 from tests.cluster.jobs_runtime import TASK

@@ -7,10 +7,10 @@ import signal
 import time
 from pathlib import Path
 
+from slotcron.store.database import Database
+from slotcron.store.tables import executions, instances
 from sqlalchemy import select
 
-from app.store.database import Database
-from app.store.tables import executions, instances
 from tests.cluster.conftest import Spawn
 from tests.cluster.harness import read_records, wait_until
 

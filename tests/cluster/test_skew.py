@@ -4,7 +4,7 @@ Both fire by the database's clock: no slot runs twice, none runs before its time
 When each run really started is read off a file it creates (see jobs_skew.py): the kernel
 stamps the file from the real clock, which the skewed processes cannot fake; the database
 runs on this machine, so the real clock is the database's (SQLite's clock is its storage's: the
-kernel's file times, see app/store/dialects.py).
+kernel's file times, see app/slotcron/store/dialects.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from slotcron.store.database import Database
 
-from app.store.database import Database
 from tests.cluster.conftest import Spawn
 from tests.cluster.harness import (
     Instance,

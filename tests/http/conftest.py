@@ -8,8 +8,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from slotcron.service.service import Service
 
-from app.service import Service
 from tests.cluster.harness import Instance, wait_until
 from tests.conftest import ServiceFactory, Spawn
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from app import JobContext, every
+from slotcron import JobContext, every
+
 from tests.cluster.harness import record
 
 

@@ -3,7 +3,8 @@ whose ten thousand runtime schedules run once beside it."""
 
 from __future__ import annotations
 
-from app import JobContext, every, task
+from slotcron import JobContext, every, task
+
 from tests.cluster.harness import record
 
 TICK = "metrics.tick"

@@ -13,10 +13,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+from slotcron.store.database import Database
+from slotcron.store.tables import executions
 from sqlalchemy import insert
 
-from app.store.database import Database
-from app.store.tables import executions
 from tests.cluster.harness import percentile, read_records, slot_time, wait_until
 from tests.conftest import Spawn
 from tests.http.conftest import TOKEN, auth, base_url, listening_url
@@ -167,6 +167,6 @@ async def test_admin_reads_use_their_own_pool_not_the_schedulers(
         assert response.status == 200
     checked_out.append(original())
     assert service.http is not None
-    reads = service.http.app[__import__("app.http.api", fromlist=["READS_KEY"]).READS_KEY]
+    reads = service.http.app[__import__("slotcron.http.api", fromlist=["READS_KEY"]).READS_KEY]
     assert reads.db is not service.db
     assert reads.db.engine.pool is not pool

@@ -9,14 +9,15 @@ from urllib.parse import quote
 
 import aiohttp
 import pytest
+from slotcron import JobContext
+from slotcron.jobs import misfire
+from slotcron.jobs.registry import Registry, cron, every
+from slotcron.records import execution_json, iso, job_json
+from slotcron.store.database import Database
+from slotcron.store.history import list_executions
+from slotcron.store.operations import list_jobs
 from yarl import URL
 
-from app import JobContext, misfire
-from app.records import execution_json, iso, job_json
-from app.registry import Registry, cron, every
-from app.store.database import Database
-from app.store.history import list_executions
-from app.store.operations import list_jobs
 from tests.conftest import wait_for
 from tests.http.conftest import TOKEN, auth, base_url
 
@@ -278,9 +279,8 @@ async def test_a_trigger_past_a_jobs_hundred_queued_runs_is_refused_429_naming_t
 ) -> None:
     from datetime import timedelta
 
+    from slotcron.store.tables import executions as executions_table
     from sqlalchemy import insert
-
-    from app.store.tables import executions as executions_table
 
     service = await serve(list(api_jobs([])), admin_token=TOKEN)
     url = base_url(service)

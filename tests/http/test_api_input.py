@@ -10,8 +10,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from slotcron.jobs.registry import Registry, cron
 
-from app.registry import Registry, cron
 from tests.http.conftest import READ_TOKEN, TOKEN, auth, base_url
 
 LONG = "x" * 201

@@ -10,12 +10,12 @@ from urllib.parse import quote
 
 import aiohttp
 import pytest
+from slotcron import JobContext
+from slotcron.jobs.registry import Registry, cron, task
+from slotcron.store import schedules as store
+from slotcron.store.database import Database
 from yarl import URL
 
-from app import JobContext
-from app.registry import Registry, cron, task
-from app.store import schedules as store
-from app.store.database import Database
 from tests.corrupt import BIG_NUMBER, corrupt
 from tests.http.conftest import TOKEN, auth, base_url
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from slotcron.http import server as http_server
 
-from app.http import server as http_server
 from tests.cluster.harness import read_records
 from tests.conftest import Spawn, wait_for
 from tests.http.conftest import base_url, listening_url

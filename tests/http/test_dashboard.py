@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slotcron import JobContext
+from slotcron.clock import ManualClock
+from slotcron.jobs.registry import Registry, cron, every
+from slotcron.store import operations
+from slotcron.store.database import Database
+from slotcron.store.tables import executions, jobs
 from sqlalchemy import select, update
 
-from app import JobContext
-from app.clock import ManualClock
-from app.registry import Registry, cron, every
-from app.store import operations
-from app.store.database import Database
-from app.store.tables import executions, jobs
 from tests.conftest import CI, wait_for
 from tests.http.browser import chromium, find_chromium
 from tests.http.conftest import READ_TOKEN, TOKEN, base_url

@@ -16,16 +16,16 @@ from urllib.parse import quote
 
 import aiohttp
 import pytest
+from slotcron import JobContext
+from slotcron.clock import ManualClock
+from slotcron.jobs.registry import Registry, task
+from slotcron.service.service import Service
+from slotcron.store import schedules as store
+from slotcron.store.database import Database
+from slotcron.store.tables import executions, jobs
 from sqlalchemy import event, insert, select
 from yarl import URL
 
-from app import JobContext
-from app.clock import ManualClock
-from app.registry import Registry, task
-from app.service import Service
-from app.store import schedules as store
-from app.store.database import Database
-from app.store.tables import executions, jobs
 from tests.conftest import make_settings, wait_for
 from tests.http.browser import chromium, find_chromium
 from tests.http.conftest import READ_TOKEN, TOKEN, auth, base_url

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slotcron.store.database import Database
 
-from app.store.database import Database
 from tests.conftest import wait_for
 from tests.http.browser import chromium
 from tests.http.conftest import TOKEN, base_url

@@ -10,9 +10,9 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from slotcron.http.errors import ApiError, json_errors
 from sqlalchemy.exc import OperationalError
 
-from app.http.errors import ApiError, json_errors
 from tests.test_masking import SECRET, SHAPES
 
 

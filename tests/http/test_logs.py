@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from slotcron.observe.logs import JsonFormatter, TextFormatter, run_fields
 
-from app.logs import JsonFormatter, TextFormatter, run_fields
 from tests.cluster.harness import read_records, wait_until
 from tests.conftest import Spawn
 from tests.test_masking import SECRET, SHAPES

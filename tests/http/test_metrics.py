@@ -8,11 +8,11 @@ from typing import Any
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from slotcron.jobs.registry import Registry, every
+from slotcron.store import operations
+from slotcron.store.database import Database
+from slotcron.version import __version__
 
-from app.registry import Registry, every
-from app.store import operations
-from app.store.database import Database
-from app.version import __version__
 from tests.conftest import wait_for
 from tests.http.conftest import base_url
 

@@ -22,16 +22,16 @@ import pytest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
+from slotcron import JobContext
+from slotcron.engine.runtime import ScheduledJob
+from slotcron.jobs.registry import Registry, every, task
+from slotcron.observe.metrics import OTHER, TASK_LABEL, PrometheusMetrics
+from slotcron.service.service import Service
+from slotcron.store import schedules as store
+from slotcron.store.database import Database
+from slotcron.store.tables import executions
 from sqlalchemy import func, select
 
-from app import JobContext
-from app.metrics import OTHER, TASK_LABEL, PrometheusMetrics
-from app.registry import Registry, every, task
-from app.runtime import ScheduledJob
-from app.service import Service
-from app.store import schedules as store
-from app.store.database import Database
-from app.store.tables import executions
 from tests.cluster.harness import percentile, read_records, slot_time, wait_until
 from tests.conftest import Spawn, make_settings, wait_for
 from tests.http.conftest import base_url, listening_url
@@ -84,7 +84,8 @@ async def client() -> AsyncIterator[aiohttp.ClientSession]:
 
 def schedule_of(service: Service, schedule_id: str) -> ScheduledJob:
     """A runtime schedule of :data:`TASK` as the service holds it while it runs: the task's job
-    under the schedule's id (filled in place, as :func:`app.runtime.scheduled_job` fills it)."""
+    under the schedule's id (filled in place, as :func:`slotcron.engine.runtime.scheduled_job`
+    fills it)."""
     [tenant] = service.tasks
     job = object.__new__(ScheduledJob)
     job.__dict__.update(
@@ -152,8 +153,8 @@ async def test_ten_thousand_schedules_are_as_many_series_as_a_hundred_and_no_id_
 
 
 def test_a_name_is_labelled_by_its_code_job_its_task_or_other_and_nothing_else() -> None:
-    from app.clock import ManualClock
-    from app.metrics import JobLabels
+    from slotcron.clock import ManualClock
+    from slotcron.observe.metrics import JobLabels
 
     schedules = {"s-1": SimpleNamespace(task="t.a"), "s-2": SimpleNamespace(task="t.unknown")}
     labels = JobLabels(["code.a"], ["t.a"], schedules.get)

@@ -10,11 +10,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+from slotcron import JobContext
+from slotcron.jobs.registry import Registry, cron, task
+from slotcron.service.service import Service
 from yarl import URL
 
-from app import JobContext
-from app.registry import Registry, cron, task
-from app.service import Service
 from tests.conftest import make_settings
 from tests.http.conftest import TOKEN, auth, base_url
 

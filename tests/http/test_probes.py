@@ -10,12 +10,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from slotcron.config import Settings
+from slotcron.errors import ConfigError
+from slotcron.http.probes import READY_TIMEOUT
+from slotcron.jobs.registry import Registry, every
+from slotcron.service.service import Service
 
-from app.config import Settings
-from app.errors import ConfigError
-from app.http.probes import READY_TIMEOUT
-from app.registry import Registry, every
-from app.service import Service
 from tests.conftest import make_settings, wait_for
 from tests.http.conftest import base_url
 from tests.http.proxy import Proxy

@@ -11,9 +11,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from aiohttp.test_utils import make_mocked_request
-
-from app.http import reads
-from app.http.reads import CACHE_BYTES, FRESH_SECONDS, MAX_CACHED_ANSWER, AdminReads
+from slotcron.http import reads
+from slotcron.http.reads import CACHE_BYTES, FRESH_SECONDS, MAX_CACHED_ANSWER, AdminReads
 
 PARAMS = "x" * 64 * 1024  # a schedule's params at their largest
 

@@ -11,14 +11,14 @@ from typing import Any
 
 import aiohttp
 import pytest
+from slotcron.http.api import READS_KEY
+from slotcron.jobs.registry import Registry, cron, every
+from slotcron.service.service import Service
+from slotcron.store.database import Database
+from slotcron.store.tables import executions, jobs
 from sqlalchemy import event, insert, update
 from yarl import URL
 
-from app.http.api import READS_KEY
-from app.registry import Registry, cron, every
-from app.service import Service
-from app.store.database import Database
-from app.store.tables import executions, jobs
 from tests.conftest import wait_for
 from tests.http.conftest import READ_TOKEN, TOKEN, auth, base_url
 
@@ -197,7 +197,7 @@ async def test_a_timeline_request_costs_one_bounded_query_per_job_whatever_the_h
         if "later" in statement:  # the timeline query's alias, and nothing else's
             statements.append(statement)
 
-    # Admin reads go through their own pool (app/http/reads.py): listen to that engine.
+    # Admin reads go through their own pool (app/slotcron/http/reads.py): listen to that engine.
     engine = service.http.app[READS_KEY].db.engine.sync_engine
     event.listen(engine, "before_cursor_execute", seen)
     try:
@@ -280,7 +280,7 @@ async def test_the_change_marker_moves_with_every_change_the_dashboard_shows_and
         value: str = body["marker"]
         return value
 
-    # Answers are shared for up to a second (app/http/reads.py): each change is awaited.
+    # Answers are shared for up to a second (app/slotcron/http/reads.py): each change is awaited.
     async def moved(*before: str) -> str:
         async def new_value() -> str | None:
             value = await marker()

@@ -9,9 +9,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from slotcron import JobContext
+from slotcron.jobs.registry import Registry, cron
 
-from app import JobContext
-from app.registry import Registry, cron
 from tests.http.conftest import auth, base_url
 from tests.http.test_api import call
 

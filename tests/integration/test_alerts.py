@@ -13,13 +13,14 @@ from typing import Any
 
 import aiohttp
 import pytest
+from slotcron import JobContext
+from slotcron.jobs.registry import Registry, every
+from slotcron.observe import alerts
+from slotcron.service.service import Service
+from slotcron.store.database import Database
+from slotcron.store.tables import executions
 from sqlalchemy import insert, select, update
 
-from app import JobContext, alerts
-from app.registry import Registry, every
-from app.service import Service
-from app.store.database import Database
-from app.store.tables import executions
 from tests.conftest import ServiceFactory, wait_for
 from tests.webhook import Listener, webhook
 

@@ -8,22 +8,23 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from slotcron import JobContext
+from slotcron.clock import ManualClock, SystemClock
+from slotcron.engine import burst
+from slotcron.engine.claims import Claimer
+from slotcron.errors import RowBusy
+from slotcron.jobs.registry import Registry, cron
+from slotcron.lifeline.roles import Collaborators
+from slotcron.service.service import Service
+from slotcron.store import batch as batch_store
+from slotcron.store import markers, registrations, starts
+from slotcron.store import runs as run_store
+from slotcron.store.batch import Due
+from slotcron.store.database import Database
+from slotcron.store.registrations import JobRow
+from slotcron.store.tables import executions, jobs
 from sqlalchemy import func, select, text, update
 
-from app import JobContext, burst
-from app.claims import Claimer
-from app.clock import ManualClock, SystemClock
-from app.errors import RowBusy
-from app.registry import Registry, cron
-from app.roles import Collaborators
-from app.service import Service
-from app.store import batch as batch_store
-from app.store import markers, registrations, starts
-from app.store import runs as run_store
-from app.store.batch import Due
-from app.store.database import Database
-from app.store.registrations import JobRow
-from app.store.tables import executions, jobs
 from tests.conftest import ServiceFactory, make_settings, wait_for
 from tests.integration.test_claims import hold_job_row
 

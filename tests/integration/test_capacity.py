@@ -12,16 +12,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import slotcron.engine.burst
+import slotcron.engine.runtime
+from slotcron import JobContext
+from slotcron.jobs.registry import Registry, every, task
+from slotcron.service.service import Service
+from slotcron.store import schedules as store
+from slotcron.store.database import Database
+from slotcron.store.tables import executions
 from sqlalchemy import func, select
 
-import app.burst
-import app.runtime
-from app import JobContext
-from app.registry import Registry, every, task
-from app.service import Service
-from app.store import schedules as store
-from app.store.database import Database
-from app.store.tables import executions
 from tests.conftest import make_settings, wait_for
 
 SCHEDULES = 300
@@ -50,8 +50,8 @@ async def test_a_burst_claimed_ahead_of_its_slot_costs_a_one_second_job_no_slot(
     db: Database, instance: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Claimed as far ahead as a big burst is (seconds): 300 schedules, priced like 25,000.
-    monkeypatch.setattr(app.runtime, "PREPARE_COST", 0.02)
-    monkeypatch.setattr(app.burst, "CLAIM_COST_FIRST", 0.02)
+    monkeypatch.setattr(slotcron.engine.runtime, "PREPARE_COST", 0.02)
+    monkeypatch.setattr(slotcron.engine.burst, "CLAIM_COST_FIRST", 0.02)
     ticks: list[tuple[datetime, float]] = []  # the one-second job's own record: slot, start
     bursts: list[tuple[str, datetime]] = []
     registry = Registry()

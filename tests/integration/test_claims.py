@@ -6,18 +6,17 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from slotcron.clock import SystemClock
+from slotcron.engine.claims import Claimer
+from slotcron.errors import RowBusy, SlotsUndecided, SlotTaken
+from slotcron.jobs.registry import Registry, cron
+from slotcron.lifeline.roles import Collaborators
+from slotcron.store import claims as claim_store
+from slotcron.store import registrations
+from slotcron.store.database import Database
+from slotcron.store.registrations import JobRow
+from slotcron.store.tables import executions, jobs
 from sqlalchemy import insert, select, text
-
-from app.claims import Claimer
-from app.clock import SystemClock
-from app.errors import RowBusy, SlotsUndecided, SlotTaken
-from app.registry import Registry, cron
-from app.roles import Collaborators
-from app.store import claims as claim_store
-from app.store import registrations
-from app.store.database import Database
-from app.store.registrations import JobRow
-from app.store.tables import executions, jobs
 
 SLOT = datetime(2026, 11, 22, 0, 10, tzinfo=UTC)
 NOW = SLOT + timedelta(milliseconds=3)

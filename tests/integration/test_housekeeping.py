@@ -7,14 +7,13 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from slotcron.clock import ManualClock
+from slotcron.lifeline.leader import Leader
+from slotcron.lifeline.roles import Collaborators
+from slotcron.store import housekeeping, leadership
+from slotcron.store.database import Database
+from slotcron.store.tables import LEADER_ROW, executions, leader
 from sqlalchemy import event, insert, select
-
-from app.clock import ManualClock
-from app.leader import Leader
-from app.roles import Collaborators
-from app.store import housekeeping, leadership
-from app.store.database import Database
-from app.store.tables import LEADER_ROW, executions, leader
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 LEASE = 60.0

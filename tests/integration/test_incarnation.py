@@ -14,18 +14,18 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from slotcron.clock import ManualClock
+from slotcron.jobs.registry import Registry, every
+from slotcron.lifeline.heartbeat import Heartbeat
+from slotcron.lifeline.inflight import CancelReason, RunHandle, Runs
+from slotcron.lifeline.roles import Collaborators
+from slotcron.lifeline.watchdog import STALL, Watchdog
+from slotcron.observe.metrics import Metrics
+from slotcron.store.database import Database
+from slotcron.store.lifeline import abandon_orphans, hold_instance_id
+from slotcron.store.tables import executions, instances
 from sqlalchemy import insert, select, update
 
-from app.clock import ManualClock
-from app.heartbeat import Heartbeat
-from app.inflight import CancelReason, RunHandle, Runs
-from app.metrics import Metrics
-from app.registry import Registry, every
-from app.roles import Collaborators
-from app.store.database import Database
-from app.store.lifeline import abandon_orphans, hold_instance_id
-from app.store.tables import executions, instances
-from app.watchdog import STALL, Watchdog
 from tests.conftest import ServiceFactory, wait_for
 from tests.test_fencing import handle
 
@@ -321,9 +321,8 @@ async def test_a_start_up_retried_after_it_took_the_id_takes_its_own_row_back_at
 async def test_a_service_whose_start_up_fails_after_registering_retries_without_waiting_for_itself(
     start_service: ServiceFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from slotcron.store import registrations
     from sqlalchemy.exc import OperationalError
-
-    from app.store import registrations
 
     real = registrations.register_jobs
     failures: list[int] = []

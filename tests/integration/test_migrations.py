@@ -17,13 +17,12 @@ from typing import Any, TypeVar
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from slotcron.store.database import Database
+from slotcron.store.migrate import HEAD, head_revision
+from slotcron.store.tables import executions, jobs, metadata
 from sqlalchemy import Table, func, insert, inspect, select, text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import IntegrityError
-
-from app.store.database import Database
-from app.store.migrate import HEAD, head_revision
-from app.store.tables import executions, jobs, metadata
 
 T = TypeVar("T")
 
@@ -195,8 +194,8 @@ def test_a_service_on_a_migrated_database_never_loads_alembic(
     probe = (
         "import asyncio, sys\n"
         "from sqlalchemy.engine import make_url\n"
-        "from app.store import migrate\n"
-        "from app.store.database import Database\n"
+        "from slotcron.store import migrate\n"
+        "from slotcron.store.database import Database\n"
         "async def main():\n"
         "    db = Database.connect(make_url(sys.argv[1]), 1)\n"
         "    try:\n"
@@ -241,7 +240,7 @@ def test_the_tables_the_migrations_create_are_the_tables_the_app_queries(
         empty_db_url, lambda conn: compare_metadata(MigrationContext.configure(conn), metadata)
     )
 
-    assert differences == [], f"app.store.tables and the migrations disagree: {differences}"
+    assert differences == [], f"slotcron.store.tables and the migrations disagree: {differences}"
 
 
 def test_ids_compare_byte_for_byte_after_the_migration_which_keeps_every_row(
@@ -251,8 +250,7 @@ def test_ids_compare_byte_for_byte_after_the_migration_which_keeps_every_row(
     and ids that differ in case, accents or trailing spaces are different ids, on every backend
     (a binary collation on MariaDB; PostgreSQL and SQLite compared bytes already)."""
     from alembic import command
-
-    from app.store.migrate import alembic_config
+    from slotcron.store.migrate import alembic_config
 
     def to_0007(conn: Connection) -> None:
         config = alembic_config()
@@ -312,7 +310,7 @@ def test_run_refuses_an_unmigrated_database_when_auto_migrate_is_off(
         empty_db_url,
         "run",
         "--jobs",
-        "app.examples",
+        "slotcron.examples",
         cwd=tmp_path,
         env={"SCHEDULER_AUTO_MIGRATE": "false"},
         timeout=20,

@@ -8,13 +8,13 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from slotcron import JobContext
+from slotcron.clock import ManualClock
+from slotcron.jobs.registry import Job, Registry, every
+from slotcron.store.database import Database
+from slotcron.store.tables import executions, jobs
 from sqlalchemy import select, update
 
-from app import JobContext
-from app.clock import ManualClock
-from app.registry import Job, Registry, every
-from app.store.database import Database
-from app.store.tables import executions, jobs
 from tests.conftest import ServiceFactory, outcomes_written, wait_for
 
 T0 = datetime(2026, 11, 22, 0, 0, 0, 500_000, tzinfo=UTC)

@@ -1,6 +1,6 @@
 """What operators ask of the cluster (restart, trigger, pause, resume, list), on every backend.
 
-The refusals are checked at the store (``app.store.operations``) on hand-made rows; the rest
+The refusals are checked at the store (``slotcron.store.operations``) on hand-made rows; the rest
 with in-process services firing real slots, each job recording what its ``ctx`` saw.
 """
 
@@ -13,15 +13,15 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from slotcron import JobContext
+from slotcron.errors import CheckpointError, Refused, UsageError
+from slotcron.jobs.registry import Registry, cron, every
+from slotcron.store import operations
+from slotcron.store.database import Database
+from slotcron.store.registrations import JobRow, register_jobs
+from slotcron.store.tables import executions
 from sqlalchemy import insert, select, update
 
-from app import JobContext
-from app.errors import CheckpointError, Refused, UsageError
-from app.registry import Registry, cron, every
-from app.store import operations
-from app.store.database import Database
-from app.store.registrations import JobRow, register_jobs
-from app.store.tables import executions
 from tests.conftest import ServiceFactory, wait_for
 
 YEARLY = "0 0 1 1 *"  # never due during a test: only manual runs and restarts happen
@@ -537,7 +537,7 @@ async def test_a_manual_run_wakes_an_idle_instance_by_notification_on_postgresql
 ) -> None:
     """On PostgreSQL an idle instance does not poll for queued runs (LISTEN/NOTIFY): a trigger
     still starts at once. Elsewhere it polls about once a second."""
-    import app.queued
+    import slotcron.engine.queued
 
     registry = Registry()
     started: list[float] = []
@@ -554,7 +554,9 @@ async def test_a_manual_run_wakes_an_idle_instance_by_notification_on_postgresql
         )
         listening = service.queued._listening
         assert listening is not None and listening.alive
-        assert app.queued.LISTENING_POLL_SECONDS >= 60  # so only a notification can be quick
+        assert (
+            slotcron.engine.queued.LISTENING_POLL_SECONDS >= 60
+        )  # so only a notification can be quick
     else:
         assert listening is None
     await asyncio.sleep(0.3)  # past the poll a new listener makes at once

@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from slotcron.config import Settings
+from slotcron.store.database import Database
 from sqlalchemy import text
-
-from app.config import Settings
-from app.store.database import Database
 
 SERVERS = pytest.mark.parametrize("backend", ["postgresql", "mariadb"], indirect=True)
 

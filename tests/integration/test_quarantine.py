@@ -16,14 +16,14 @@ from typing import Any
 
 import aiohttp
 import pytest
+from slotcron import Client, JobContext
+from slotcron.jobs.registry import Registry, task
+from slotcron.service.service import Service
+from slotcron.store import schedules as store
+from slotcron.store.database import Database
+from slotcron.store.tables import executions
 from sqlalchemy import select
 
-from app import Client, JobContext
-from app.registry import Registry, task
-from app.service import Service
-from app.store import schedules as store
-from app.store.database import Database
-from app.store.tables import executions
 from tests.conftest import make_settings, wait_for
 from tests.corrupt import corrupt, ways
 

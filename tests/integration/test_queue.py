@@ -9,15 +9,15 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from slotcron import JobContext
+from slotcron.errors import MAX_QUEUED, QueueFull
+from slotcron.jobs.registry import Registry, cron
+from slotcron.store import operations
+from slotcron.store.database import Database
+from slotcron.store.registrations import JobRow, register_jobs
+from slotcron.store.tables import executions, jobs
 from sqlalchemy import delete, func, insert, select
 
-from app import JobContext
-from app.errors import MAX_QUEUED, QueueFull
-from app.registry import Registry, cron
-from app.store import operations
-from app.store.database import Database
-from app.store.registrations import JobRow, register_jobs
-from app.store.tables import executions, jobs
 from tests.conftest import ServiceFactory, wait_for
 
 YEARLY = "0 0 1 1 *"
@@ -172,8 +172,8 @@ async def test_one_job_may_have_at_most_a_hundred_runs_queued(db: Database) -> N
 
 
 async def test_removing_a_schedule_settles_its_queued_runs_saying_why(db: Database) -> None:
-    from app.registry import task
-    from app.store import schedules as schedule_store
+    from slotcron.jobs.registry import task
+    from slotcron.store import schedules as schedule_store
 
     registry = Registry()
 

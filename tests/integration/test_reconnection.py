@@ -11,15 +11,15 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from slotcron import JobContext
+from slotcron.jobs.registry import Registry, every
+from slotcron.lifeline.reconnection import LOST
+from slotcron.service.service import Service
+from slotcron.store import operations
+from slotcron.store.database import Database
+from slotcron.store.tables import executions
 from sqlalchemy import delete, select, update
 
-from app import JobContext
-from app.failover import LOST
-from app.registry import Registry, every
-from app.service import Service
-from app.store import operations
-from app.store.database import Database
-from app.store.tables import executions
 from tests.conftest import ServiceFactory, wait_for
 
 

@@ -6,14 +6,14 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from slotcron import JobContext
+from slotcron.clock import ManualClock
+from slotcron.jobs.registry import Registry, cron, every
+from slotcron.store import leadership
+from slotcron.store.database import Database
+from slotcron.store.tables import executions
 from sqlalchemy import insert, select
 
-from app import JobContext
-from app.clock import ManualClock
-from app.registry import Registry, cron, every
-from app.store import leadership
-from app.store.database import Database
-from app.store.tables import executions
 from tests.conftest import ServiceFactory, outcomes_written, wait_for
 from tests.integration.test_claims import hold_job_row
 
@@ -241,8 +241,8 @@ async def test_the_leader_decides_a_slot_left_undecided_without_waiting_for_the_
 async def test_an_instance_that_stopped_heartbeating_is_recorded_stopped_by_the_leader(
     db: Database, start_service: ServiceFactory
 ) -> None:
-    from app.store import registrations
-    from app.store.tables import instances
+    from slotcron.store import registrations
+    from slotcron.store.tables import instances
 
     long_ago = datetime.now(UTC) - timedelta(minutes=5)
     await registrations.register_instance(
@@ -264,7 +264,7 @@ async def test_an_instance_that_stopped_heartbeating_is_recorded_stopped_by_the_
 async def test_retention_prunes_old_history_and_the_pruned_slot_stays_closed(
     db: Database, start_service: ServiceFactory
 ) -> None:
-    from app.store import retention
+    from slotcron.store import retention
 
     registry = Registry()
     ran: list[datetime] = []

@@ -6,19 +6,19 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import slotcron.service.service
+from slotcron import JobContext
+from slotcron.clock import ManualClock
+from slotcron.errors import Superseded
+from slotcron.jobs.registry import Registry, cron, every
+from slotcron.schedule.slots import shared
+from slotcron.store import claims as claim_store
+from slotcron.store.database import Database
+from slotcron.store.operations import list_jobs
+from slotcron.store.registrations import JobRow, register_jobs
+from slotcron.store.tables import executions, jobs
 from sqlalchemy import delete, select
 
-import app.service
-from app import JobContext
-from app.clock import ManualClock
-from app.errors import Superseded
-from app.registry import Registry, cron, every
-from app.slots import shared
-from app.store import claims as claim_store
-from app.store.database import Database
-from app.store.operations import list_jobs
-from app.store.registrations import JobRow, register_jobs
-from app.store.tables import executions, jobs
 from tests.conftest import ServiceFactory, wait_for
 
 T0 = datetime(2026, 11, 22, 0, 0, 0, 500_000, tzinfo=UTC)
@@ -45,9 +45,9 @@ async def test_the_newest_registration_of_a_changed_schedule_takes_over_the_clus
         ran.append((ctx.scheduled_at, "green"))
 
     clock = ManualClock(T0)
-    monkeypatch.setattr(app.service, "__version__", "1.0")
+    monkeypatch.setattr(slotcron.service.service, "__version__", "1.0")
     blue_service = await start_service(list(blue_jobs), clock=clock, instance_id="blue")
-    monkeypatch.setattr(app.service, "__version__", "2.0")
+    monkeypatch.setattr(slotcron.service.service, "__version__", "2.0")
     green_service = await start_service(list(green_jobs), clock=clock, instance_id="green")
 
     [record] = await list_jobs(db, now=clock.now(), live_within=60)

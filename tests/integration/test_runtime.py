@@ -12,18 +12,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from slotcron import JobContext
+from slotcron.clock import ManualClock
+from slotcron.jobs.registry import Registry, task
+from slotcron.jobs.schedules import ScheduleRecord
+from slotcron.service.service import Service
+from slotcron.store import due, operations
+from slotcron.store import schedules as store
+from slotcron.store.batch import Due
+from slotcron.store.database import Database
+from slotcron.store.tables import executions, jobs
 from sqlalchemy import select, update
 
-from app import JobContext
-from app.clock import ManualClock
-from app.registry import Registry, task
-from app.schedules import ScheduleRecord
-from app.service import Service
-from app.store import due, operations
-from app.store import schedules as store
-from app.store.batch import Due
-from app.store.database import Database
-from app.store.tables import executions, jobs
 from tests.conftest import make_settings, wait_for
 
 T0 = datetime(2026, 11, 22, 0, 0, 0, 500000, tzinfo=UTC)

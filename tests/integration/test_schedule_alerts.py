@@ -9,15 +9,15 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
+from slotcron import Client, JobContext
+from slotcron.jobs.registry import Registry, task
+from slotcron.service.service import Service
+from slotcron.store import operations
+from slotcron.store import schedules as store
+from slotcron.store.database import Database
+from slotcron.store.tables import executions
 from sqlalchemy import func, select
 
-from app import Client, JobContext
-from app.registry import Registry, task
-from app.service import Service
-from app.store import operations
-from app.store import schedules as store
-from app.store.database import Database
-from app.store.tables import executions
 from tests.conftest import make_settings, wait_for
 from tests.webhook import Listener, webhook
 

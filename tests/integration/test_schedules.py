@@ -1,4 +1,4 @@
-"""Schedules at runtime through ``app.Client`` and the store, on every backend (issue 15).
+"""Schedules at runtime through ``slotcron.Client`` and the store, on every backend (issue 15).
 
 Tasks are recorded the way an instance records them at start (``register_tasks``), so the
 client, which imports no task code here, knows them; the local-registry path is tested too.
@@ -11,18 +11,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from slotcron import Client, InvalidJobError, JobContext
+from slotcron.errors import NotFound, Refused
+from slotcron.jobs.registry import Registry, cron, task
+from slotcron.jobs.schedules import IdTaken
+from slotcron.service.service import Service
+from slotcron.store import operations
+from slotcron.store import schedules as store
+from slotcron.store.database import Database
+from slotcron.store.registrations import JobRow, register_jobs
+from slotcron.store.tables import executions, jobs
 from sqlalchemy import func, select, update
 
-from app import Client, InvalidJobError, JobContext
-from app.errors import NotFound, Refused
-from app.registry import Registry, cron, task
-from app.schedules import IdTaken
-from app.service import Service
-from app.store import operations
-from app.store import schedules as store
-from app.store.database import Database
-from app.store.registrations import JobRow, register_jobs
-from app.store.tables import executions, jobs
 from tests.conftest import make_settings
 
 TASK = "tests.send_report"

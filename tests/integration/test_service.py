@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from slotcron import JobContext
+from slotcron.jobs.registry import Registry, cron, every
+from slotcron.store.database import Database
+from slotcron.store.tables import executions, instances
 from sqlalchemy import select, update
 
-from app import JobContext
-from app.registry import Registry, cron, every
-from app.store.database import Database
-from app.store.tables import executions, instances
 from tests.conftest import ServiceFactory, wait_for
 
 
@@ -255,11 +255,11 @@ _ = timedelta
 async def test_a_heartbeat_loop_that_raises_is_restarted_and_keeps_renewing(
     db: Database, start_service: ServiceFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.roles
-    import app.store.runs
+    import slotcron.lifeline.roles
+    import slotcron.store.runs
 
-    monkeypatch.setattr(app.roles, "RESTART_FIRST", 0.05)
-    real_renew = app.store.runs.renew
+    monkeypatch.setattr(slotcron.lifeline.roles, "RESTART_FIRST", 0.05)
+    real_renew = slotcron.store.runs.renew
     calls: list[object] = []
 
     async def renew_with_a_bug_once(*args: Any, **kwargs: Any) -> Any:
@@ -268,7 +268,7 @@ async def test_a_heartbeat_loop_that_raises_is_restarted_and_keeps_renewing(
             raise RuntimeError("a bug in the renewal")
         return await real_renew(*args, **kwargs)
 
-    monkeypatch.setattr(app.store.runs, "renew", renew_with_a_bug_once)
+    monkeypatch.setattr(slotcron.store.runs, "renew", renew_with_a_bug_once)
     registry = Registry()
 
     @every(seconds=3600, name="idle", registry=registry)

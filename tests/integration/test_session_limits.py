@@ -9,12 +9,11 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+from slotcron.config import Settings
+from slotcron.lifeline.outage import DB_ERRORS, Outage
+from slotcron.store.database import Database
+from slotcron.store.dialects import SessionLimits, dialect_for
 from sqlalchemy import text
-
-from app.config import Settings
-from app.outage import DB_ERRORS, Outage
-from app.store.database import Database
-from app.store.dialects import SessionLimits, dialect_for
 
 LEASE = 3.0
 SERVERS = pytest.mark.parametrize("backend", ["postgresql", "mariadb"], indirect=True)

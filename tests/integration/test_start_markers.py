@@ -12,16 +12,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from slotcron import JobContext
+from slotcron.clock import ManualClock
+from slotcron.jobs.registry import Registry, cron
+from slotcron.store import batch as batch_store
+from slotcron.store import history, lifeline, markers, runs, timeline
+from slotcron.store.database import Database
+from slotcron.store.tables import executions, start_markers
 from sqlalchemy import event, select
 from sqlalchemy.engine import default
 
-from app import JobContext
-from app.clock import ManualClock
-from app.registry import Registry, cron
-from app.store import batch as batch_store
-from app.store import history, lifeline, markers, runs, timeline
-from app.store.database import Database
-from app.store.tables import executions, start_markers
 from tests.conftest import ServiceFactory, wait_for
 from tests.integration.test_batch_claims import SLOT, due, register
 from tests.integration.test_starts import EARLY, LEASE, row_of, set_paused

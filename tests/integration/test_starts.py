@@ -10,15 +10,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from slotcron import JobContext
+from slotcron.clock import ManualClock
+from slotcron.jobs.registry import Registry, cron, every
+from slotcron.store import batch as batch_store
+from slotcron.store import lifeline, operations, starts
+from slotcron.store.database import Database
+from slotcron.store.tables import executions, jobs
 from sqlalchemy import select, update
 
-from app import JobContext
-from app.clock import ManualClock
-from app.registry import Registry, cron, every
-from app.store import batch as batch_store
-from app.store import lifeline, operations, starts
-from app.store.database import Database
-from app.store.tables import executions, jobs
 from tests.conftest import ServiceFactory, wait_for
 from tests.integration.test_batch_claims import SLOT, due, register
 

@@ -7,11 +7,12 @@ import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 
-from app.clock import ManualClock
-from app.inflight import Runs
-from app.store.database import Database
-from app.store.lifeline import hold_instance_id
-from app.watchdog import STALL, TICK
+from slotcron.clock import ManualClock
+from slotcron.lifeline.inflight import Runs
+from slotcron.lifeline.watchdog import STALL, TICK
+from slotcron.store.database import Database
+from slotcron.store.lifeline import hold_instance_id
+
 from tests.conftest import wait_for
 from tests.integration.test_incarnation import (
     ID,

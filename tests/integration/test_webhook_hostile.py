@@ -16,16 +16,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from slotcron import JobContext
+from slotcron.clock import SystemClock
+from slotcron.config import Settings
+from slotcron.jobs.registry import Registry, every
+from slotcron.observe import alerts
+from slotcron.observe.alerts import Webhook
+from slotcron.store.database import Database
+from slotcron.store.lifeline import Abandoned
+from slotcron.store.tables import executions
 from sqlalchemy import select
 
-from app import JobContext, alerts
-from app.alerts import Webhook
-from app.clock import SystemClock
-from app.config import Settings
-from app.registry import Registry, every
-from app.store.database import Database
-from app.store.lifeline import Abandoned
-from app.store.tables import executions
 from tests.conftest import ServiceFactory, wait_for
 from tests.hostile_webhook import HUGE_BYTES, Hostile, hostile
 

@@ -136,7 +136,7 @@ class Cli:
 
 
 async def cli(url: str, *args: str, pooler: str = "none", timeout: float = 30.0) -> Cli:
-    """``python -m app ARGS`` on ``url`` (through whatever the URL names), run to its end."""
+    """``python -m slotcron ARGS`` on ``url`` (through whatever the URL names), run to its end."""
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SCHEDULER_")}
     env.update(
         SCHEDULER_DATABASE_URL=url,
@@ -147,7 +147,7 @@ async def cli(url: str, *args: str, pooler: str = "none", timeout: float = 30.0)
     def run() -> Cli:
         started = time.time()
         done = subprocess.run(
-            [sys.executable, "-m", "app", *args],
+            [sys.executable, "-m", "slotcron", *args],
             cwd=ROOT,
             env=env,
             capture_output=True,

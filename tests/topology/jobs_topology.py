@@ -15,7 +15,8 @@ import itertools
 import os
 from typing import Any
 
-from app import JobContext, cron, every, task
+from slotcron import JobContext, cron, every, task
+
 from tests.cluster.harness import record
 
 SCENARIO = os.environ.get("SLOTCRON_TOPOLOGY", "")

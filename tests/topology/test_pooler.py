@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slotcron.store.database import Database
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from app.store.database import Database
 from tests.cluster.harness import slot_time
 from tests.pgcluster import PgBouncer, PgServer
 from tests.topology.conftest import DATABASE, PgBouncerFactory

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slotcron.engine.burst import LEAD_MAX
 
-from app.burst import LEAD_MAX
 from tests.cluster.harness import slot_time
 from tests.pgcluster import PgServer, free_port
 from tests.topology.conftest import DATABASE

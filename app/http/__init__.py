@@ -1,6 +1,0 @@
-"""Health and readiness probes, Prometheus metrics, the JSON admin API and the dashboard,
-served when ``SCHEDULER_HTTP_PORT`` is set."""
-
-from app.http.server import HttpServer
-
-__all__ = ["HttpServer"]

@@ -1,0 +1,3 @@
+from slotcron.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,254 @@
+"""Running one claimed slot: its start gate, jitter, timeout, the coroutine itself, and the
+hand-over of its outcome to the writer (:mod:`slotcron.engine.outcomes`).
+
+A run is in flight (:mod:`slotcron.lifeline.inflight`) from its claim until its outcome is written:
+its
+lease is renewed meanwhile, and shutdown waits for it or stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import traceback
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from slotcron.engine.kickoff import Kickoff
+from slotcron.engine.outcomes import Outcomes
+from slotcron.jobs.context import JobContext
+from slotcron.jobs.registry import Job
+from slotcron.lifeline.inflight import CancelReason, RunHandle, Runs, trusted_until
+from slotcron.lifeline.outage import DB_ERRORS
+from slotcron.lifeline.roles import Collaborators
+from slotcron.observe import alerts, tracing
+from slotcron.observe.logs import run_fields
+from slotcron.status import Status
+from slotcron.store import lifeline
+from slotcron.store import runs as run_store
+from slotcron.store.claims import Claim
+
+log = logging.getLogger("slotcron.runner")
+
+HAND_BACK_TIMEOUT = 2.0
+"""Seconds a run stopped before its start tries to hand itself back; past it, the leader does."""
+
+
+class Runner:
+    def __init__(
+        self,
+        shared: Collaborators,
+        *,
+        runs: Runs,
+        outcomes: Outcomes,
+        on_retry_queued: Callable[[datetime], None] = lambda _when: None,
+        on_run_ended: Callable[[str], None] = lambda _job: None,
+    ) -> None:
+        self.db = shared.db
+        self.clock = shared.clock
+        self.instance_id = shared.instance_id
+        self.metrics = shared.metrics
+        self.runs = runs
+        self.outcomes = outcomes
+        self.on_retry_queued = on_retry_queued
+        self.on_run_ended = on_run_ended
+        """Told the job's name once a run's outcome is written (its lease released)."""
+        self.kickoff = Kickoff(shared)
+        self._loggers: dict[str, logging.Logger] = {}
+
+    async def run(
+        self, job: Job, claim: Claim, start: asyncio.Future[bool] | None = None
+    ) -> str | None:
+        """Run a ``RUNNING`` claim to its end and record the outcome; return the status recorded
+        (None when the record was no longer ours: fenced, or taken over; or when its body never
+        started: see :mod:`slotcron.engine.kickoff`).
+
+        A slot claimed ahead of its time starts when ``start`` (its kick-off at the slot) says
+        so; it is in flight meanwhile (its lease renewed, shutdown hands it back or stops it)."""
+        assert claim.lease_until is not None and claim.lease_ms is not None
+        handle = RunHandle(
+            claim=claim,
+            job=job,
+            task=asyncio.current_task(),
+            deadline=trusted_until(claim.sent or self.clock.monotonic(), claim.lease_ms),
+            lease_ms=claim.lease_ms,
+        )
+        self.runs.add(handle)
+        tracing.run_began(job, claim, self.instance_id)
+        # The run stays in `runs` until its outcome is written: its lease is renewed meanwhile
+        # (a write retried through an outage must not see it ABANDONED), and shutdown waits
+        # for the write before it closes the database.
+        try:
+            status, error = await self._execute(job, claim, handle, start)
+            if handle.started:
+                await self._after_ready_starts(handle)
+            task = asyncio.current_task()
+            if handle.cancel_reason is not None and task is not None and task.cancelling():
+                task.uncancel()  # the job returned although cancelled: the request is spent
+            if not handle.started:
+                tracing.run_ended("NOT STARTED")
+                await self._not_started(handle)
+                return None
+            if handle.cancel_reason is CancelReason.FENCED:
+                # Fenced, whatever the job then did (it may return once ctx.lease_lost is set,
+                # or swallow the cancellation): the cluster may have judged the run already.
+                status, error = None, None
+            handle.finishing = True
+            self.metrics.run_finished(job.name, status or "FENCED", handle.began)
+            if status is None:
+                why = handle.fence_reason or "its lease lapsed unrenewed"
+                log.warning(
+                    "run %s of %s (slot %s) was fenced: %s; not recording an outcome",
+                    claim.execution_id,
+                    job.name,
+                    claim.scheduled_at.isoformat(),
+                    why,
+                    extra=self._fields(claim, "FENCED"),
+                )
+                alerts.of(self.instance_id).run_fenced(claim, why)
+                tracing.run_ended("FENCED")
+                return None
+            retry = status == Status.FAILED and claim.attempt < job.max_attempts
+            tracing.finishing()
+            recorded = await self.outcomes.record(
+                claim, status, error, job.retry_backoff if retry else None, handle.started_at
+            )
+            alerts.of(self.instance_id).run_finished(
+                claim, status, error, recorded=recorded, final=not retry
+            )
+            tracing.run_ended(status if recorded else "FENCED", error)
+        finally:
+            self.runs.remove(handle)
+        self.on_run_ended(job.name)
+        if recorded and retry:
+            self.on_retry_queued(self.clock.now() + timedelta(seconds=job.retry_backoff))
+        return status if recorded else None
+
+    @staticmethod
+    async def _after_ready_starts(handle: RunHandle) -> None:
+        """One turn of the loop before a run's bookkeeping (its outcome's write, log, metrics,
+        alert): the bodies ready to start meanwhile, a burst's kicked off together, start
+        first. A body that returns at once must not delay the next one's start by its own
+        record. Cancelled meanwhile for a reason (fenced, stopped): judged below like a
+        cancellation the job returned through."""
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            if handle.cancel_reason is None:
+                raise
+
+    async def _execute(
+        self, job: Job, claim: Claim, handle: RunHandle, start: asyncio.Future[bool] | None
+    ) -> tuple[Status | None, str | None]:
+        ctx = JobContext(
+            job=job.name,
+            scheduled_at=claim.scheduled_at,
+            execution_id=claim.execution_id,
+            attempt=claim.attempt,
+            trigger=claim.trigger,
+            instance_id=self.instance_id,
+            logger=logging.LoggerAdapter(
+                # A runtime schedule logs under its task's name: one logger per schedule would
+                # be 100,000 loggers for good (the logging module never frees one).
+                self._job_logger(getattr(job, "task", "") or job.name),
+                {"job": job.name, "execution_id": claim.execution_id},
+            ),
+            params=dict(claim.params),
+            state=dict(claim.state),
+            fencing_token=claim.fencing_token or 0,
+            lease_lost=handle.lease_lost,
+            _save=lambda state: self._save_state(claim, state),
+        )
+        timeout: asyncio.Timeout | None = None
+        try:
+            if start is not None and (not await start or self.kickoff.closing):
+                # Handed back, SKIPPED (paused) or no longer ours; or started as part of its
+                # chunk just as shutdown began: handed back, its body never started.
+                return None, None
+            if job.jitter:
+                await self.clock.sleep(random.uniform(0, job.jitter))
+            # Its start is written before its body starts: a run not yet stamped can be handed
+            # back, and the stamp fails once it has been.
+            if (job.jitter or (start is None and not claim.started)) and not (
+                await self.kickoff.one(claim)
+            ):
+                return None, None
+            handle.started = True
+            handle.started_at = self.clock.now()
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "starting %s slot %s (execution %s)",
+                    job.name,
+                    claim.scheduled_at,
+                    claim.execution_id,
+                    extra=self._fields(claim, Status.RUNNING),
+                )
+            handle.began = self.metrics.run_started(job.name, claim.trigger, claim.scheduled_at)
+            tracing.job_started(self.clock)
+            if job.timeout is None:
+                await (job.func(ctx) if job.takes_context else job.func())
+            else:
+                timeout = asyncio.timeout(job.timeout)  # from now: jitter is not the job's time
+                async with timeout:
+                    await (job.func(ctx) if job.takes_context else job.func())
+        except asyncio.CancelledError:
+            reason = handle.cancel_reason
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            if reason == CancelReason.FENCED:
+                return None, None
+            return Status.STOPPED, f"stopped by shutdown of instance {self.instance_id}"
+        except TimeoutError:
+            if timeout is not None and timeout.expired():
+                return Status.FAILED, f"TimeoutError: run exceeded its timeout of {job.timeout:g} s"
+            return Status.FAILED, traceback.format_exc()
+        except BaseException:  # a job's own SystemExit/KeyboardInterrupt must not kill the service
+            return Status.FAILED, traceback.format_exc()
+        return Status.COMPLETED, None
+
+    async def _not_started(self, handle: RunHandle) -> None:
+        """A run whose body never started records nothing itself. Stopped by shutdown or
+        fenced before its start, it is handed back, for another instance to run; if that write
+        fails, its lease lapses and the leader hands it back."""
+        stopped = handle.cancel_reason in (CancelReason.SHUTDOWN, CancelReason.FENCED)
+        if not (stopped or (self.kickoff.closing and handle.cancel_reason is None)):
+            return  # SKIPPED, handed back already, or no longer ours
+        try:
+            async with asyncio.timeout(HAND_BACK_TIMEOUT):
+                back = await lifeline.hand_back_mine(
+                    self.db,
+                    [handle.id],
+                    instance_id=self.instance_id,
+                    now=self.clock.now(),
+                    marked_too=True,  # its chunk's marker may say started: this body did not
+                )
+        except TimeoutError:
+            return
+        except DB_ERRORS:
+            return
+        if back:
+            log.info(
+                "%s slot %s handed back before its start (%s)",
+                handle.job.name,
+                handle.claim.scheduled_at.isoformat(),
+                handle.cancel_reason,
+                extra=self._fields(handle.claim, Status.QUEUED),
+            )
+
+    def _job_logger(self, name: str) -> logging.Logger:
+        logger = self._loggers.get(name)
+        if logger is None:
+            logger = self._loggers[name] = logging.getLogger(f"slotcron.job.{name}")
+        return logger
+
+    async def _save_state(self, claim: Claim, state: dict[str, object]) -> None:
+        await run_store.save_state(
+            self.db, run=claim.key, instance_id=self.instance_id, state=state
+        )
+
+    def _fields(self, claim: Claim, outcome: str) -> dict[str, object]:
+        return run_fields(
+            claim.job_name, claim.scheduled_at, claim.execution_id, self.instance_id, outcome
+        )

@@ -1,0 +1,315 @@
+"""What happens to a run after its claim: heartbeats, checkpoints, its one finishing write.
+
+Every write here is conditional on ``status = 'RUNNING' AND instance_id = :me``: a run can
+never overwrite what another instance (or the leader) recorded about it. And every write finds
+its row by the run's whole key (:data:`~slotcron.store.claims.RunKey`: id, job, slot, attempt),
+never
+by its id alone: after a failover that lost the last commits, the id sequence starts behind,
+and an id of ours may now name another run's row.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Text, bindparam, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from slotcron.status import Status, Trigger
+from slotcron.store import markers
+from slotcron.store.claims import RunKey
+from slotcron.store.database import Database
+from slotcron.store.dialects import Dialect
+from slotcron.store.lifeline import queue_retry
+from slotcron.store.tables import UTCDateTime, executions, guard, instances
+
+
+class IncarnationLost(Exception):
+    """The instance row names another incarnation: another process took this instance id over
+    (this one was paused or cut off past its lease, and judged dead). Nothing was renewed."""
+
+
+RUN_KEY = (
+    executions.c.id,
+    executions.c.job_name,
+    executions.c.scheduled_at,
+    executions.c.attempt,
+)
+"""The columns of a :data:`RunKey`, in its order."""
+
+
+def _mine(run: RunKey, instance_id: str) -> Any:
+    execution_id, job_name, scheduled_at, attempt = run
+    return (
+        (executions.c.id == execution_id)
+        & (executions.c.job_name == job_name)
+        & (executions.c.scheduled_at == scheduled_at)
+        & (executions.c.attempt == attempt)
+        & (executions.c.status == "RUNNING")
+        & (executions.c.instance_id == instance_id)
+    )
+
+
+def runs_among(dialect: Dialect, name: str) -> Any:
+    """The rows of the runs bound as ``name`` (:func:`run_keys`), each by its whole key."""
+    return dialect.among_rows(RUN_KEY, name)
+
+
+def run_keys(dialect: Dialect, name: str, runs: Iterable[RunKey]) -> dict[str, Any]:
+    return dialect.rows(name, list(runs), len(RUN_KEY))
+
+
+async def finish(
+    db: Database,
+    *,
+    run: RunKey,
+    instance_id: str,
+    status: str,
+    now: datetime,
+    error: str | None,
+    retry_backoff: float | None = None,
+) -> bool:
+    """Record a run's outcome; False when the record was no longer ours to write.
+
+    With ``retry_backoff``, the next attempt of the slot is queued in the same transaction,
+    carrying the params and the last checkpointed state.
+    """
+    async with db.transaction() as conn:
+        result = await conn.execute(
+            update(executions)
+            .where(_mine(run, instance_id))
+            .values(
+                status=status,
+                finished_at=now,
+                error=error,
+                lease_until=now,
+                started_at=markers.started_at(),
+            )
+        )
+        if result.rowcount != 1:
+            return False
+        if retry_backoff is not None:
+            row = (await conn.execute(select(executions).where(executions.c.id == run[0]))).one()
+            await queue_retry(conn, row=row, now=now, backoff=retry_backoff, dialect=db.dialect)
+    return True
+
+
+@dataclass(frozen=True)
+class _Finish:
+    """:func:`finish_many`'s statements for one dialect: the runs are bound by key."""
+
+    lock_mine: Any
+    write: Any
+    write_returning: Any
+
+
+@functools.cache
+def _finish(dialect: Dialect) -> _Finish:
+    ids = dialect.among(executions.c.id, "p_ids", executions.c.id.type)
+    mine = (
+        runs_among(dialect, "p_runs"),
+        guard(executions.c.status) == "RUNNING",
+        guard(executions.c.instance_id) == bindparam("p_instance"),
+    )
+    now = bindparam("p_now", type_=UTCDateTime())
+    values = {
+        "status": bindparam("p_status"),
+        "error": bindparam("p_error", type_=Text()),
+        "finished_at": now,
+        "lease_until": now,
+        # A run claimed ahead in a chunk: its start, held by the chunk's marker until now.
+        "started_at": markers.started_at(),
+    }
+    return _Finish(
+        lock_mine=select(executions.c.id).where(*mine).with_for_update(),
+        write=update(executions).where(ids).values(**values),
+        write_returning=update(executions).where(*mine).values(**values).returning(executions.c.id),
+    )
+
+
+async def finish_many(
+    db: Database,
+    outcomes: Sequence[tuple[RunKey, str, str | None]],
+    *,
+    instance_id: str,
+    now: datetime,
+) -> set[int]:
+    """Record many runs' outcomes ``(run, status, error)`` in one transaction; return the ids
+    of the runs recorded (the others were no longer ours). One UPDATE per distinct outcome."""
+    groups: dict[tuple[str, str | None], list[RunKey]] = {}
+    for run, status, error in outcomes:
+        groups.setdefault((status, error), []).append(run)
+    recorded: set[int] = set()
+    sql = _finish(db.dialect)
+    returning = db.dialect.update_returning
+    async with db.transaction() as conn:
+        for (status, error), runs in groups.items():
+            params = {
+                **run_keys(db.dialect, "p_runs", runs),
+                "p_instance": instance_id,
+                "p_status": status,
+                "p_error": error,
+                "p_now": now,
+            }
+            if returning:
+                recorded.update((await conn.execute(sql.write_returning, params)).scalars())
+                continue
+            # MariaDB/MySQL (no UPDATE ... RETURNING): lock and read which are still ours.
+            ours = list((await conn.execute(sql.lock_mine, params)).scalars())
+            if ours:
+                await conn.execute(sql.write, {**params, "p_ids": ours})
+                recorded.update(ours)
+    return recorded
+
+
+async def rehearse(conn: AsyncConnection, dialect: Dialect) -> None:
+    """Run :func:`finish_many`'s statements once, writing nothing (see ``claims.rehearse``)."""
+    sql = _finish(dialect)
+    params: dict[str, Any] = {
+        **run_keys(dialect, "p_runs", []),
+        "p_ids": [],
+        "p_instance": "",
+        "p_status": "COMPLETED",
+        "p_error": None,
+        "p_now": datetime(2000, 1, 1, tzinfo=UTC),
+    }
+    if dialect.update_returning:
+        await conn.execute(sql.write_returning, params)
+    else:
+        await conn.execute(sql.lock_mine, params)
+        await conn.execute(sql.write, params)
+
+
+async def stop_all(
+    db: Database, *, runs: Iterable[RunKey], instance_id: str, now: datetime, reason: str
+) -> int:
+    """Record every listed run of this instance still ``RUNNING`` as ``STOPPED``; release leases."""
+    keys = list(runs)
+    if not keys:
+        return 0
+    async with db.transaction() as conn:
+        result = await conn.execute(
+            update(executions)
+            .where(
+                runs_among(db.dialect, "p_runs"),
+                guard(executions.c.status) == "RUNNING",
+                guard(executions.c.instance_id) == instance_id,
+            )
+            .values(
+                status="STOPPED",
+                finished_at=now,
+                error=reason,
+                lease_until=now,
+                started_at=markers.started_at(),
+            ),
+            run_keys(db.dialect, "p_runs", keys),
+        )
+    return int(result.rowcount)
+
+
+async def claimed_late(
+    db: Database, *, run: RunKey, instance_id: str, now: datetime, missed_reason: str | None
+) -> bool:
+    """A run whose claim committed past its slot's grace is not started as if on time: with
+    ``missed_reason`` it is recorded MISSED (its lease released), else it becomes a ``catchup``
+    run. False when the record was no longer ours."""
+    values: dict[str, Any] = {"trigger": Trigger.CATCHUP}
+    if missed_reason is not None:
+        values = {
+            "status": Status.MISSED,
+            "started_at": None,
+            "start_key": None,  # never started: no chunk's marker is its start
+            "finished_at": now,
+            "error": missed_reason,
+            "lease_until": now,
+        }
+    async with db.transaction() as conn:
+        result = await conn.execute(
+            update(executions).where(_mine(run, instance_id)).values(**values)
+        )
+    return result.rowcount == 1
+
+
+async def save_state(
+    db: Database, *, run: RunKey, instance_id: str, state: Mapping[str, Any]
+) -> bool:
+    async with db.transaction() as conn:
+        result = await conn.execute(
+            update(executions).where(_mine(run, instance_id)).values(state=dict(state))
+        )
+    return result.rowcount == 1
+
+
+async def renew(
+    db: Database,
+    *,
+    instance_id: str,
+    now: datetime,
+    lease_counts: Mapping[int, int],
+    instance_state: str,
+    incarnation: str | None = None,
+    ours: Collection[RunKey] | None = None,
+) -> set[int] | None:
+    """Renew the leases of all this instance's running executions and its own instance row.
+
+    One statement per distinct lease length (almost always one), whatever the number of runs.
+    ``lease_counts`` maps a lease length (ms) to how many runs we hold with it. Returns None
+    when every lease was renewed, else the ids still ours (the others were taken from us).
+    With ``incarnation`` (this process's, :func:`slotcron.store.lifeline.hold_instance_id`), raises
+    :class:`IncarnationLost`, renewing nothing, when the instance row names another.
+    With ``ours`` (the ids of the runs this process holds; the heartbeat and the watchdog
+    always give them), only those are renewed: a run under our id that is not among them was
+    claimed by an older incarnation after we took the id over (it resumed from a pause and has
+    not noticed yet), and must lapse, to be recorded ABANDONED, rather than be kept alive by us.
+    Still one statement per lease length: the ids are one list parameter (one array on
+    PostgreSQL).
+    """
+    beat = update(instances).where(instances.c.instance_id == instance_id)
+    if incarnation is not None:
+        beat = beat.where(instances.c.incarnation == incarnation)
+    beat = beat.values(heartbeat_at=now, state=instance_state)
+    if not lease_counts:  # idle: the instance row alone
+        async with db.alone(write=True) as conn:
+            beaten = (await conn.execute(beat)).rowcount
+        if incarnation is not None and beaten == 0:
+            raise IncarnationLost(instance_id)
+        return None
+    complete = True
+    # Only leases still live are extended (judged by the database's clock): a lapsed lease is
+    # never revived, since another instance may already have judged its run ABANDONED.
+    params: dict[str, Any] = {"p_now": now}
+    if ours is None:
+        mine = [executions.c.instance_id == instance_id, executions.c.status == "RUNNING"]
+    else:  # found by key: the instance and the status only guard them
+        mine = [
+            runs_among(db.dialect, "p_ours"),
+            guard(executions.c.instance_id) == instance_id,
+            guard(executions.c.status) == "RUNNING",
+        ]
+        params.update(run_keys(db.dialect, "p_ours", ours))
+    async with db.transaction() as conn:
+        for lease_ms, expected in lease_counts.items():
+            result = await conn.execute(
+                update(executions)
+                .where(
+                    *mine,
+                    executions.c.lease_ms == lease_ms,
+                    executions.c.lease_until > db.now_in_sql(),
+                )
+                .values(heartbeat_at=now, lease_until=now + timedelta(milliseconds=lease_ms)),
+                params,
+            )
+            complete = complete and result.rowcount == expected
+        # Raised inside the transaction: its lease renewals are rolled back with it.
+        if (await conn.execute(beat)).rowcount == 0 and incarnation is not None:
+            raise IncarnationLost(instance_id)
+        if complete:
+            return None
+        rows = await conn.execute(
+            select(executions.c.id).where(*mine, executions.c.heartbeat_at == now), params
+        )
+        return {int(r.id) for r in rows}
