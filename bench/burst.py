@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from slotcron import JobContext
 from slotcron.config import Settings
 from slotcron.jobs.registry import Registry, cron
-from slotcron.service.service import Service
+from slotcron.service.service import Service, tune_gc
 
 from tests import backends
 
@@ -52,6 +52,7 @@ async def measure(url: str, n_jobs: int, rounds: int) -> tuple[list[float], int]
     settings = Settings(database_url=url, auto_migrate=True, max_concurrency=max(n_jobs, 10))
     service = Service(settings, list(registry))
     await service.start()
+    tune_gc()  # as `slotcron run` does
     while len(lags) < n_jobs * (rounds + 1):  # noqa: ASYNC110 - a benchmark's plain poll
         await asyncio.sleep(0.05)
     await service.stop()

@@ -13,7 +13,7 @@ from slotcron.config import ALERT_EVENTS, Settings, load_settings
 from slotcron.errors import ConfigError, InvalidJobError
 from slotcron.jobs.registry import Registry, cron, every
 from slotcron.observe.alerts import Webhook, safe_url
-from slotcron.store.claims import Claim
+from slotcron.observe.events import RunEvent
 
 from tests.conftest import wait_for
 from tests.test_masking import SECRET, SHAPES
@@ -114,9 +114,9 @@ def test_alert_must_be_true_or_false() -> None:
     assert "'odd'" in str(caught.value) and "alert" in str(caught.value)
 
 
-def claim_of(job: str) -> Claim:
+def run_of(job: str, error: str | None) -> RunEvent:
     moment = datetime(2026, 1, 1, tzinfo=UTC)
-    return Claim(7, job, moment, "cron", "RUNNING", 1, moment, 60_000)
+    return RunEvent(job, moment, 7, 1, "cron", "me", "FAILED", error=error)
 
 
 @pytest.mark.parametrize(("text", "kept"), SHAPES, ids=[kept for _, kept in SHAPES])
@@ -126,8 +126,8 @@ async def test_every_secret_shape_is_masked_in_an_alerts_text_fields(text: str, 
         sender = Webhook(Settings(alert_webhook_url=listener.url), alerting={}, clock=SystemClock())
         await sender.start()
         try:
-            sender.run_finished(claim_of("alerts.leaky"), "FAILED", text, recorded=True, final=True)
-            sender.run_fenced(claim_of("alerts.fenced"), f"its lease lapsed; {text}")
+            sender.failed(run_of("alerts.leaky", text))
+            sender.fenced(run_of("alerts.fenced", None), f"its lease lapsed; {text}")
             await wait_for(lambda: len(listener.accepted) >= 2, timeout=10, what="both events")
         finally:
             await sender.stop()

@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from slotcron.cli.main import say, say_json
+from slotcron.cli.common import say, say_json
 from slotcron.config import Settings
 from slotcron.store.database import Database
 from slotcron.store.tables import jobs

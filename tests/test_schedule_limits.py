@@ -18,16 +18,15 @@ from typing import Any
 import pytest
 from slotcron import InvalidJobError
 from slotcron.jobs.registry import Registry, cron, every, task
+from slotcron.jobs.schedule_fields import MAX_DIGITS, MAX_PARAMS_BYTES
+from slotcron.jobs.schedule_rows import read_row
 from slotcron.jobs.schedules import (
-    MAX_DIGITS,
-    MAX_PARAMS_BYTES,
     ScheduleRecord,
     ScheduleSpec,
     TaskInfo,
     UnreadableSpec,
     changed_spec,
     new_spec,
-    read_row,
     schedule_json,
 )
 from slotcron.schedule.slots import zone_problem

@@ -17,8 +17,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from slotcron import InvalidJobError
 from slotcron.jobs.registry import Registry, cron
-from slotcron.schedule.slots import CronSchedule, normalise_cron
-from slotcron.schedule.springcron import day_rule
+from slotcron.schedule.slots import CronSchedule, day_rule, normalise_cron
 
 BERLIN = "Europe/Berlin"
 NEW_YORK = "America/New_York"

@@ -8,15 +8,31 @@ async def rank_members() -> None: ...
 
 from typing import TYPE_CHECKING, Any
 
-from slotcron.errors import InvalidJobError
+from slotcron.errors import DatabaseUnreachable, InvalidJobError, SlotcronError
 from slotcron.jobs.context import JobContext
 from slotcron.jobs.registry import cron, every, task
+from slotcron.observe.hooks import Hook, RunEvent, SlotsEvent
 from slotcron.version import __version__
 
 if TYPE_CHECKING:
     from slotcron.client import Client
+    from slotcron.service.scheduler import Scheduler
 
-__all__ = ["Client", "InvalidJobError", "JobContext", "__version__", "cron", "every", "task"]
+__all__ = [
+    "Client",
+    "DatabaseUnreachable",
+    "Hook",
+    "InvalidJobError",
+    "JobContext",
+    "RunEvent",
+    "Scheduler",
+    "SlotcronError",
+    "SlotsEvent",
+    "__version__",
+    "cron",
+    "every",
+    "task",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -26,4 +42,8 @@ def __getattr__(name: str) -> Any:
         from slotcron.client import Client
 
         return Client
+    if name == "Scheduler":  # the whole engine behind it, loaded when an application asks
+        from slotcron.service.scheduler import Scheduler
+
+        return Scheduler
     raise AttributeError(f"module 'slotcron' has no attribute {name!r}")

@@ -14,13 +14,15 @@ import secrets
 import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
 
+from slotcron.database_url import mask_url_text as mask_url_text
+from slotcron.database_url import normalise, render_url
+from slotcron.database_url import sqlite_file as sqlite_file
 from slotcron.errors import ConfigError
 from slotcron.schedule.slots import zone_problem
 
@@ -34,25 +36,14 @@ MAX_RETENTION_DAYS = 36_500
 MAX_CONCURRENCY = 100_000
 MAX_POOL_SIZE = 1_000
 _HOST_NAME = re.compile(r"^[A-Za-z0-9.\-:\[\]]{1,253}$")
+_HOOK_SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+"""``module:attribute``, each a dotted Python name (what ``SCHEDULER_HOOKS`` lists)."""
 MIN_TOKEN_LENGTH = 16
 """Characters of an admin or read token at the least: shorter ones are guessed too soon."""
 _SECRET_FIELDS = ("database_url", "admin_token", "read_token", "alert_webhook_url")
 """Fields whose value no configuration error quotes."""
 ALERT_EVENTS = ("FAILED", "ABANDONED", "MISSED", "FENCED")
 """What ``SCHEDULER_ALERT_EVENTS`` may name (and its default: all of them)."""
-
-# Driver names users may write, mapped to the async driver slotcron uses.
-_DRIVERS = {
-    "sqlite": "sqlite+aiosqlite",
-    "sqlite+aiosqlite": "sqlite+aiosqlite",
-    "postgres": "postgresql+asyncpg",
-    "postgresql": "postgresql+asyncpg",
-    "postgresql+asyncpg": "postgresql+asyncpg",
-    "mysql": "mysql+aiomysql",
-    "mariadb": "mysql+aiomysql",
-    "mysql+aiomysql": "mysql+aiomysql",
-    "mariadb+aiomysql": "mysql+aiomysql",
-}
 
 
 def _default_instance_id() -> str:
@@ -62,20 +53,6 @@ def _default_instance_id() -> str:
 def _split_tokens(value: SecretStr | None) -> list[str]:
     """The tokens of a comma-separated token setting (as validated: no blank one)."""
     return value.get_secret_value().split(",") if value is not None else []
-
-
-def mask_url_text(text: str) -> str:
-    """Hide anything that looks like a password in a URL inside free text: everything between
-    the user's ``:`` and the *last* ``@`` of the URL, so a password holding an unencoded ``@``
-    (which the URL parser splits at its first ``@``) is hidden whole."""
-    text = re.sub(r"(://[^:/@\s'\"]*:)[^\s'\"]*@", r"\1***@", text)
-    return re.sub(r"([?&](?:password|passwd|pwd)=)[^&\s'\"]*", r"\1***", text, flags=re.I)
-
-
-def render_url(url: URL) -> str:
-    """A URL fit to print: its password hidden, wherever it was given (the drivers also take
-    ``?password=``)."""
-    return mask_url_text(url.render_as_string(hide_password=True))
 
 
 class Settings(BaseSettings):
@@ -94,6 +71,8 @@ class Settings(BaseSettings):
     database_pooler: Literal["none", "session", "transaction"] = "none"
     """What sits between slotcron and PostgreSQL: PgBouncer's pool mode, or nothing."""
     jobs: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    hooks: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """``module:attribute`` of each :class:`~slotcron.Hook` (or factory of one) to attach."""
     instance_id: str = Field(default_factory=_default_instance_id, min_length=1, max_length=200)
     timezone: str = "UTC"
     # Every number is finite and bounded: ``inf``, ``nan`` and absurd values that would pass a
@@ -163,11 +142,19 @@ class Settings(BaseSettings):
             return frozenset(value)
         return value
 
-    @field_validator("jobs", "http_allowed_hosts", mode="before")
+    @field_validator("jobs", "hooks", "http_allowed_hosts", mode="before")
     @classmethod
     def _split_list(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("hooks")
+    @classmethod
+    def _hook_specs(cls, value: list[str]) -> list[str]:
+        for spec in value:
+            if not _HOOK_SPEC.match(spec):
+                raise ValueError(f"{spec!r} is not module:attribute (e.g. myapp.hooks:checkins)")
         return value
 
     @field_validator("http_allowed_hosts")
@@ -256,38 +243,7 @@ class Settings(BaseSettings):
     @field_validator("database_url", mode="after")
     @classmethod
     def _parse_url(cls, value: SecretStr) -> SecretStr:
-        raw = value.get_secret_value()
-        try:
-            url = _with_host_ports(make_url(_hosts_in_query(raw)))
-        except (ArgumentError, ValueError):
-            # An unparseable value is not echoed: it may be a password pasted in the wrong place.
-            raise ValueError(
-                "cannot parse the database URL (expected e.g. "
-                "postgresql+asyncpg://user:password@host:5432/dbname)"
-            ) from None
-        driver = _DRIVERS.get(url.drivername)
-        if driver is None:
-            raise ValueError(
-                f"unsupported database {url.drivername!r} in "
-                f"{render_url(url)!r}; use sqlite+aiosqlite, "
-                "postgresql+asyncpg or mysql+aiomysql"
-            )
-        hosts = _query_hosts(url)
-        if driver != "sqlite+aiosqlite" and not url.host and not hosts:
-            raise ValueError(f"database URL {render_url(url)!r} names no host")
-        if len(hosts) > 1 and driver != "postgresql+asyncpg":
-            raise ValueError(
-                f"database URL {render_url(url)!r} names several hosts: a multi-host URL is "
-                "for PostgreSQL (asyncpg) only"
-            )
-        if url.host and "@" in url.host:
-            raise ValueError(
-                f"database URL {render_url(url)!r} has an '@' after the password's: "
-                "percent-encode an '@' in the user or password as %40"
-            )
-        if driver == "sqlite+aiosqlite":
-            _sqlite_directory_exists(url)
-        return SecretStr(url.set(drivername=driver).render_as_string(hide_password=False))
+        return SecretStr(normalise(value.get_secret_value()))
 
     @field_validator("heartbeat_seconds")
     @classmethod
@@ -352,57 +308,6 @@ class Settings(BaseSettings):
         return self.backend == "sqlite"
 
 
-DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mariadb": 3306}
-
-
-def _hosts_in_query(raw: str) -> str:
-    """asyncpg's and libpq's multi-host form, ``scheme://user@h1:5432,h2:5433/db``, as
-    SQLAlchemy's (``scheme://user@/db?host=h1:5432&host=h2:5433``), which it can parse. Any
-    other URL is returned as it is."""
-    scheme, sep, rest = raw.partition("://")
-    ends = [i for i in (rest.find("/"), rest.find("?")) if i >= 0]
-    netloc, tail = rest[: min(ends, default=len(rest))], rest[min(ends, default=len(rest)) :]
-    userinfo, at, hosts = netloc.rpartition("@")
-    if not sep or "," not in hosts:
-        return raw
-    path, question, query = tail.partition("?")
-    given = "&".join(f"host={quote(host.strip(), safe='[]:')}" for host in hosts.split(","))
-    return f"{scheme}://{userinfo}{at}{path or '/'}?{given}{'&' + query if question else ''}"
-
-
-def _query_hosts(url: URL) -> tuple[str, ...]:
-    hosts = url.query.get("host", ())
-    return (hosts,) if isinstance(hosts, str) else tuple(hosts)
-
-
-def _with_host_ports(url: URL) -> URL:
-    """Every host of a multi-host URL with its port (SQLAlchemy requires all of them): the
-    backend's default where one was left out."""
-    hosts = _query_hosts(url)
-    if len(hosts) < 2:
-        return url
-    default = DEFAULT_PORTS.get(url.get_backend_name(), 5432)
-    ported = tuple(h if re.search(r":\d+$", h) else f"{h}:{default}" for h in hosts)
-    return url.update_query_dict({"host": list(ported)})
-
-
-def sqlite_file(url: URL) -> Path | None:
-    """The file of a SQLite URL; None for an in-memory or ``file:`` URI database."""
-    database = url.database
-    if url.get_backend_name() != "sqlite" or not database or database == ":memory:":
-        return None
-    if database.startswith("file:"):
-        return None
-    return Path(database)
-
-
-def _sqlite_directory_exists(url: URL) -> None:
-    path = sqlite_file(url)
-    if path is not None and not path.parent.is_dir():
-        # Otherwise every connection fails and start-up waits it out as an outage, forever.
-        raise ValueError(f"the directory of the SQLite file {str(path)!r} does not exist")
-
-
 def _undecodable(environ: dict[str, str]) -> str | None:
     for key, value in environ.items():
         if key.upper().startswith(PREFIX):
@@ -425,8 +330,22 @@ def load_settings(**overrides: Any) -> Settings:
     """Read the environment (and ``.env``) once; raise :class:`ConfigError` on the first bad value.
 
     A variable starting with ``SCHEDULER_`` that slotcron does not know is an error too: a typo
-    in a variable name must not silently leave the default in force.
+    in a variable name must not silently leave the default in force. So is an override (a
+    setting given by name, lower case, as :class:`~slotcron.Scheduler` takes them) that names no
+    setting; a bad override's error names it as it was given.
     """
+    unknown = sorted(set(overrides) - set(Settings.model_fields))
+    if unknown:
+        raise ConfigError(unknown[0], "unknown setting (is it misspelt?)")
+    _check_environment(_environment())
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise _config_error(exc, overrides) from None
+
+
+def _environment() -> dict[str, str]:
+    """The process's environment, with the ``SCHEDULER_*`` lines of ``.env`` it does not set."""
     environ = dict(os.environ)
     if Path(".env").is_file():
         from dotenv import dotenv_values
@@ -438,6 +357,11 @@ def load_settings(**overrides: Any) -> Settings:
         for key, value in values.items():
             if key.upper().startswith(PREFIX):
                 environ.setdefault(key, value or "")
+    return environ
+
+
+def _check_environment(environ: dict[str, str]) -> None:
+    """What pydantic would not refuse: misspelt names, undecodable values, blank tokens."""
     unknown = _unknown_variables(environ)
     if unknown:
         raise ConfigError(unknown[0], "unknown variable (is it misspelt?)")
@@ -449,18 +373,16 @@ def load_settings(**overrides: Any) -> Settings:
     blank = sorted(k.upper() for k, v in environ.items() if k.upper() in tokens and not v.strip())
     if blank:
         raise ConfigError(blank[0], "is blank; unset it, or set a token")
-    try:
-        return Settings(**overrides)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        loc = error["loc"][0] if error["loc"] else ""
-        variable = PREFIX + str(loc).upper() if loc else "configuration"
-        message = str(error["msg"]).removeprefix("Value error, ")
-        if (
-            loc not in _SECRET_FIELDS
-            and loc
-            and "input" in error
-            and not isinstance(error["input"], dict)
-        ):
-            message += f" (got {error['input']!r})"
-        raise ConfigError(variable, mask_url_text(message)) from None
+
+
+def _config_error(exc: ValidationError, overrides: dict[str, Any]) -> ConfigError:
+    """The first error, naming the variable (or the override) and quoting the value given,
+    unless it is a secret's."""
+    error = exc.errors()[0]
+    loc = str(error["loc"][0]) if error["loc"] else ""
+    variable = (loc if loc in overrides else PREFIX + loc.upper()) if loc else "configuration"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    quotable = loc and loc not in _SECRET_FIELDS and "input" in error
+    if quotable and not isinstance(error["input"], dict):
+        message += f" (got {error['input']!r})"
+    return ConfigError(variable, mask_url_text(message))

@@ -26,6 +26,17 @@ class ConfigError(SlotcronError):
         super().__init__(f"{variable}: {problem}")
 
 
+class DatabaseUnreachable(SlotcronError):
+    """An embedded :class:`~slotcron.Scheduler` could not reach its database while starting
+    (``slotcron run`` waits such an outage out instead). The message names the host and port
+    (or the SQLite file) and the driver's reason, never a password."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        self.reason = reason
+        super().__init__(f"cannot reach the database at {where}: {reason}")
+
+
 class UsageError(SlotcronError):
     """A command was asked something it cannot do as asked (exit status 2)."""
 

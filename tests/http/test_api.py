@@ -12,10 +12,11 @@ import pytest
 from slotcron import JobContext
 from slotcron.jobs import misfire
 from slotcron.jobs.registry import Registry, cron, every
-from slotcron.records import execution_json, iso, job_json
+from slotcron.records import execution_json, job_json
 from slotcron.store.database import Database
 from slotcron.store.history import list_executions
 from slotcron.store.operations import list_jobs
+from slotcron.text import iso
 from yarl import URL
 
 from tests.conftest import wait_for

@@ -16,6 +16,7 @@ import pytest
 from slotcron import JobContext
 from slotcron.jobs.registry import Registry, every
 from slotcron.observe import alerts
+from slotcron.observe import webhook as posting
 from slotcron.service.service import Service
 from slotcron.store.database import Database
 from slotcron.store.tables import executions
@@ -38,7 +39,7 @@ async def listener() -> AsyncIterator[Listener]:
 def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     """Short MISSED windows and retry delays, so the tests take seconds."""
     monkeypatch.setattr(alerts, "MISSED_WINDOW", 0.5)
-    monkeypatch.setattr(alerts, "RETRY_FIRST", 0.1)
+    monkeypatch.setattr(posting, "RETRY_FIRST", 0.1)
 
 
 def failing_jobs(*, quiet: bool = False) -> Registry:
@@ -297,8 +298,8 @@ async def test_events_wait_in_a_bounded_queue_and_a_dead_webhook_costs_only_coun
 ) -> None:
     """Nothing listens on the webhook's port: runs go on, events are counted failed, then
     dropped once the queue is full."""
-    monkeypatch.setattr(alerts, "QUEUE_LIMIT", 2)
-    monkeypatch.setattr(alerts, "RETRY_FIRST", 5.0)
+    monkeypatch.setattr(posting, "QUEUE_LIMIT", 2)
+    monkeypatch.setattr(posting, "RETRY_FIRST", 5.0)
     registry = failing_jobs()
     service = await start_service(
         list(registry), alert_webhook_url="http://127.0.0.1:9/hook", alert_events="FAILED"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import slotcron.engine.burst
-import slotcron.engine.runtime
+import slotcron.engine.horizon
 from slotcron import JobContext
 from slotcron.jobs.registry import Registry, every, task
 from slotcron.service.service import Service
@@ -50,7 +50,7 @@ async def test_a_burst_claimed_ahead_of_its_slot_costs_a_one_second_job_no_slot(
     db: Database, instance: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Claimed as far ahead as a big burst is (seconds): 300 schedules, priced like 25,000.
-    monkeypatch.setattr(slotcron.engine.runtime, "PREPARE_COST", 0.02)
+    monkeypatch.setattr(slotcron.engine.horizon, "PREPARE_COST", 0.02)
     monkeypatch.setattr(slotcron.engine.burst, "CLAIM_COST_FIRST", 0.02)
     ticks: list[tuple[datetime, float]] = []  # the one-second job's own record: slot, start
     bursts: list[tuple[str, datetime]] = []

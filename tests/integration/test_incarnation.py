@@ -20,7 +20,7 @@ from slotcron.lifeline.heartbeat import Heartbeat
 from slotcron.lifeline.inflight import CancelReason, RunHandle, Runs
 from slotcron.lifeline.roles import Collaborators
 from slotcron.lifeline.watchdog import STALL, Watchdog
-from slotcron.observe.metrics import Metrics
+from slotcron.observe.events import Events
 from slotcron.store.database import Database
 from slotcron.store.lifeline import abandon_orphans, hold_instance_id
 from slotcron.store.tables import executions, instances
@@ -219,7 +219,7 @@ def watchdog(
         runs=runs,
         jobs=list(registry),
         period=0.5,
-        metrics=Metrics(),
+        events=Events(),
         instance_state=lambda: "running",
         incarnation=lambda: incarnation,
         on_id_taken=lambda: told.append("superseded"),

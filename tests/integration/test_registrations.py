@@ -6,7 +6,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
-import slotcron.service.service
+import slotcron.service.startup
 from slotcron import JobContext
 from slotcron.clock import ManualClock
 from slotcron.errors import Superseded
@@ -45,9 +45,9 @@ async def test_the_newest_registration_of_a_changed_schedule_takes_over_the_clus
         ran.append((ctx.scheduled_at, "green"))
 
     clock = ManualClock(T0)
-    monkeypatch.setattr(slotcron.service.service, "__version__", "1.0")
+    monkeypatch.setattr(slotcron.service.startup, "__version__", "1.0")
     blue_service = await start_service(list(blue_jobs), clock=clock, instance_id="blue")
-    monkeypatch.setattr(slotcron.service.service, "__version__", "2.0")
+    monkeypatch.setattr(slotcron.service.startup, "__version__", "2.0")
     green_service = await start_service(list(green_jobs), clock=clock, instance_id="green")
 
     [record] = await list_jobs(db, now=clock.now(), live_within=60)

@@ -16,7 +16,7 @@ from slotcron import JobContext
 from slotcron.clock import ManualClock
 from slotcron.jobs.registry import Registry, cron
 from slotcron.store import batch as batch_store
-from slotcron.store import history, lifeline, markers, runs, timeline
+from slotcron.store import history, lifeline, markers, runs, start_keys, timeline
 from slotcron.store.database import Database
 from slotcron.store.tables import executions, start_markers
 from sqlalchemy import event, select
@@ -341,8 +341,8 @@ async def test_a_slots_runs_share_a_key_up_to_a_markers_share_then_take_the_next
 ) -> None:
     # A burst of 100,000 starts by several markers sent together (one would cost the database
     # 0.4 s at the slot before any body starts): whole chunks fill a key up to MARKER_RUNS.
-    monkeypatch.setattr(batch_store, "MARKER_RUNS", 3)
-    monkeypatch.setattr(batch_store, "_filling", {})
+    monkeypatch.setattr(start_keys, "MARKER_RUNS", 3)
+    monkeypatch.setattr(start_keys, "_filling", {})
     await register(db, ["a", "b", "c", "d", "e"])
     first, _ = await claim_chunk(db, ["a"])
     second, _ = await claim_chunk(db, ["b", "c"])  # 3 runs: still the first key

@@ -20,7 +20,7 @@ from slotcron import JobContext
 from slotcron.clock import SystemClock
 from slotcron.config import Settings
 from slotcron.jobs.registry import Registry, every
-from slotcron.observe import alerts
+from slotcron.observe import webhook as posting
 from slotcron.observe.alerts import Webhook
 from slotcron.store.database import Database
 from slotcron.store.lifeline import Abandoned
@@ -44,10 +44,10 @@ async def endpoint() -> AsyncIterator[Hostile]:
 @pytest.fixture(autouse=True)
 def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     """Short retries and timeouts, so a test takes seconds."""
-    monkeypatch.setattr(alerts, "RETRY_FIRST", 0.05)
-    monkeypatch.setattr(alerts, "MAX_ATTEMPTS", 2)
-    monkeypatch.setattr(alerts, "POST_TIMEOUT", 1.0)
-    monkeypatch.setattr(alerts, "CONNECT_TIMEOUT", 0.5)
+    monkeypatch.setattr(posting, "RETRY_FIRST", 0.05)
+    monkeypatch.setattr(posting, "MAX_ATTEMPTS", 2)
+    monkeypatch.setattr(posting, "POST_TIMEOUT", 1.0)
+    monkeypatch.setattr(posting, "CONNECT_TIMEOUT", 0.5)
 
 
 @contextlib.asynccontextmanager
@@ -187,9 +187,8 @@ async def test_an_endpoint_that_never_accepts_the_connection_fails_at_the_connec
                 client.connect(listener.getsockname())
             filling.append(client)
         url = f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
-        monkeypatch.setattr(
-            alerts, "POST_TIMEOUT", 30.0
-        )  # only the connect timeout (0.5 s) can end an attempt early
+        # Only the connect timeout (0.5 s) can end an attempt early.
+        monkeypatch.setattr(posting, "POST_TIMEOUT", 30.0)
         async with asyncio.timeout(20), sender(url) as hook:
             started = time.monotonic()
             hook.abandoned(event())

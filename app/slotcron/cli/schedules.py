@@ -12,22 +12,22 @@ import argparse
 import json
 from typing import Any
 
-from slotcron.cli.main import (
+from slotcron.cli.common import (
     MAX_NAME,
-    _bounded_int,
-    _param,
-    _print_table,
-    _text,
-    _with_db,
+    bounded_int,
     import_jobs,
+    param,
+    print_table,
     say,
     say_json,
+    text,
+    with_db,
 )
 from slotcron.config import Settings
 from slotcron.errors import InvalidJobError
 from slotcron.jobs.schedules import ScheduleRecord, next_slots, schedule_json
-from slotcron.records import iso
 from slotcron.store.database import Database
+from slotcron.text import iso
 
 MAX_LIST = 10_000
 MAX_PARAMS_JSON = 64 * 1024
@@ -39,10 +39,10 @@ def add_parser(commands: Any) -> None:
     group = commands.add_parser("schedules", help="runtime schedules of @task tasks")
     verbs = group.add_subparsers(dest="verb", metavar="VERB", parser_class=type(group))
     verbs.required = True
-    schedule_id = _text("schedule id", MAX_NAME)
+    schedule_id = text("schedule id", MAX_NAME)
 
     add = verbs.add_parser("add", help="create a schedule; prints its id")
-    add.add_argument("task", metavar="TASK", type=_text("task", MAX_NAME))
+    add.add_argument("task", metavar="TASK", type=text("task", MAX_NAME))
     _timing(add, required=True)
     _changes(add)
     add.add_argument("--id", type=schedule_id, help="default: <task>/<12 hex digits>")
@@ -50,8 +50,8 @@ def add_parser(commands: Any) -> None:
     add.add_argument("--json", action="store_true", help="print the schedule as JSON")
 
     listing = verbs.add_parser("list", help="schedules, ordered by id")
-    listing.add_argument("--task", type=_text("--task", MAX_NAME))
-    listing.add_argument("--limit", type=_bounded_int(MAX_LIST), default=100)
+    listing.add_argument("--task", type=text("--task", MAX_NAME))
+    listing.add_argument("--limit", type=bounded_int(MAX_LIST), default=100)
     listing.add_argument("--json", action="store_true", help="print one JSON array")
 
     show = verbs.add_parser("show", help=f"one schedule with its next {SHOWN_SLOTS} slots")
@@ -70,35 +70,35 @@ def add_parser(commands: Any) -> None:
 
 def _timing(parser: argparse.ArgumentParser, *, required: bool) -> None:
     timing = parser.add_mutually_exclusive_group(required=required)
-    timing.add_argument("--cron", metavar="EXPR", type=_text("--cron", MAX_NAME))
+    timing.add_argument("--cron", metavar="EXPR", type=text("--cron", MAX_NAME))
     timing.add_argument("--every", metavar="SECONDS", type=_number("--every"))
 
 
 def _changes(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--timezone", metavar="TZ", type=_text("--timezone", 64))
+    parser.add_argument("--timezone", metavar="TZ", type=text("--timezone", 64))
     parser.add_argument(
         "--param",
         action="append",
         default=[],
-        type=_param,
+        type=param,
         metavar="K=V",
         help="a parameter for ctx.params (repeatable; over --params-json)",
     )
     parser.add_argument(
         "--params-json",
         metavar="JSON",
-        type=_text("--params-json", MAX_PARAMS_JSON),
+        type=text("--params-json", MAX_PARAMS_JSON),
         help="the parameters as one JSON object",
     )
     parser.add_argument("--jitter", metavar="S", type=_number("--jitter"))
 
 
 def _number(what: str) -> Any:
-    def parse(text: str) -> float:
+    def parse(value: str) -> float:
         try:
-            return float(text)
+            return float(value)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{what}: expected seconds, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{what}: expected seconds, got {value!r}") from None
 
     return parse
 
@@ -153,7 +153,7 @@ def _add(settings: Settings, args: argparse.Namespace) -> int:
     async def work(db: Database) -> list[ScheduleRecord]:
         return await store.create(db, [item], default_timezone=settings.timezone, by="cli")
 
-    record = _with_db(settings, work)[0]
+    record = with_db(settings, work)[0]
     if args.json:
         say_json(schedule_json(record))
     else:
@@ -167,11 +167,11 @@ def _list(settings: Settings, args: argparse.Namespace) -> int:
     async def work(db: Database) -> list[ScheduleRecord]:
         return await store.list_schedules(db, task=args.task, limit=args.limit)
 
-    records: list[ScheduleRecord] = _with_db(settings, work)
+    records: list[ScheduleRecord] = with_db(settings, work)
     if args.json:
         say_json([schedule_json(r) for r in records])
         return 0
-    _print_table(
+    print_table(
         ("ID", "TASK", "SCHEDULE", "TIMEZONE", "NEXT SLOT (UTC)", "PAUSED", "PARAMS"),
         [
             (
@@ -203,7 +203,7 @@ def _show(settings: Settings, args: argparse.Namespace) -> int:
         record = await store.get(db, args.id)
         return record, await due.task_is_live(db, record.spec.task, lapse=settings.lease_seconds)
 
-    record, live = _with_db(settings, work)
+    record, live = with_db(settings, work)
     slots = [iso(s) for s in next_slots(record, SHOWN_SLOTS)]
     if args.json:
         shown = {**schedule_json(record), "next_slots": slots, "task_live": live}
@@ -233,7 +233,7 @@ def _update(settings: Settings, args: argparse.Namespace) -> int:
     async def work(db: Database) -> ScheduleRecord:
         return await store.update(db, args.id, changes, now=await db.now(), by="cli")
 
-    record: ScheduleRecord = _with_db(settings, work)
+    record: ScheduleRecord = with_db(settings, work)
     if args.json:
         say_json(schedule_json(record))
     else:
@@ -247,6 +247,6 @@ def _remove(settings: Settings, args: argparse.Namespace) -> int:
     async def work(db: Database) -> None:
         await store.remove(db, args.id, now=await db.now())
 
-    _with_db(settings, work)
+    with_db(settings, work)
     say(f"removed {args.id}")
     return 0

@@ -43,7 +43,7 @@ from slotcron.jobs import misfire
 from slotcron.jobs.registry import Job
 from slotcron.schedule.slots import Schedule
 from slotcron.status import Status
-from slotcron.store.batch import Due
+from slotcron.store.batch import Decided, Due
 from slotcron.store.claims import Claim
 
 log = logging.getLogger("slotcron.scheduler")
@@ -191,6 +191,18 @@ class Burst:
             raise
         if decided.taken - decided.superseded:
             shared.with_others = True
+        self._act_on(decided, jobs, ends, tokens)
+
+    def _act_on(
+        self,
+        decided: Decided,
+        jobs: dict[str, Job],
+        ends: dict[tuple[int, datetime], datetime],
+        tokens: Tokens,
+    ) -> None:
+        """What a chunk's claim decided: its runs started (those claimed ahead at their slot),
+        its permits given back for what it did not run, undecided and held slots claimed again
+        one by one, deferred ones together at their slot."""
         ahead: dict[tuple[datetime, str], list[Claim]] = {}
         for name, claim in decided.claims.items():
             if claim.status == Status.RUNNING and not claim.started:

@@ -11,15 +11,15 @@ import asyncio
 import logging
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from slotcron.engine.supersession import Supersession
 from slotcron.errors import LeaseHeld, RowBusy, SlotTaken, Superseded
 from slotcron.jobs.registry import Job
 from slotcron.lifeline.outage import DB_ERRORS, Backoff, resume_cancellation
 from slotcron.lifeline.roles import Collaborators
-from slotcron.observe import alerts, tracing
 from slotcron.observe.logs import run_fields
 from slotcron.status import Status
 from slotcron.store import batch as batch_store
@@ -48,6 +48,17 @@ its own (with NOWAIT) by :meth:`Claimer.claim`. Another instance's chunk holds i
 of milliseconds, hundreds under load: thousands of claims one by one would fall behind."""
 HELD_TRIES_MAX = 100
 
+RETRIED: tuple[type[BaseException], ...] = (LeaseHeld, RowBusy, *DB_ERRORS)
+"""What a claim waits out and tries again (:meth:`Claimer._again`), until its deadline."""
+
+
+@dataclass
+class _Tries:
+    """How one claim's retries went so far."""
+
+    busy: int = 0
+    backoff: Backoff = field(default_factory=lambda: Backoff(jitter=0.5))
+
 
 @dataclass
 class ClaimStats:
@@ -60,7 +71,7 @@ class ClaimStats:
 
 class Claimer:
     def __init__(self, shared: Collaborators, *, default_lease: float) -> None:
-        self.metrics = shared.metrics
+        self.events = shared.events
         self.db = shared.db
         self.clock = shared.clock
         self.instance_id = shared.instance_id
@@ -99,30 +110,18 @@ class Claimer:
         then is left undecided, for the misfire policy to account for."""
         deadline = give_up_at or self.clock.now() + timedelta(seconds=BUSY_DEADLINE)
         waiting_until = None if wait_for_lease is None else time.monotonic() + wait_for_lease
-        busy = 0
-        backoff = Backoff(jitter=0.5)
-        tracing.claim_began()
+        request = self._request(job, slot, trigger, following, missed_reason, check_gap)
+        tries = _Tries()
+        self.events.claim_began()
         while not self.closing:
             sent = self.clock.monotonic()
+            waiting = waiting_until is not None and time.monotonic() < waiting_until
             try:
                 claim = await claim_store.claim_slot(
                     self.db,
-                    job_name=job.name,
-                    slot=slot,
-                    trigger=trigger,
-                    instance_id=self.instance_id,
                     now=self.clock.now(),
-                    lease_ms=job.lease_ms(self.default_lease),
-                    forbid_overlap=job.overlap == "forbid",
-                    following=following,
-                    missed_reason=missed_reason,
-                    check_gap=check_gap,
-                    fingerprint=self.fingerprint(job),
-                    # A jittered run's body starts later: its start is stamped then.
-                    started=not job.jitter,
-                    wait_for_lease=behind
-                    if waiting_until is not None and time.monotonic() < waiting_until
-                    else None,
+                    wait_for_lease=behind if waiting else None,
+                    **request,
                 )
             except Superseded:
                 self.outage.recovered()
@@ -133,43 +132,78 @@ class Claimer:
                 self.outage.recovered()
                 self.stats.taken += 1
                 return None
-            except LeaseHeld:
-                # An earlier slot's run holds the lease (here or on another instance): look
-                # again in a moment of real time (runs end by the real clock, not a test's).
-                self.outage.recovered()
-                await asyncio.sleep(random.uniform(LEASE_RECHECK_MIN, LEASE_RECHECK_MAX))
-                continue
-            except RowBusy:
-                self.outage.recovered()
-                busy += 1
-                self.stats.busy_retries += 1
-                if self.clock.now() > deadline:
+            except RETRIED as exc:
+                if not await self._again(exc, job, deadline, tries):
                     break
-                await asyncio.sleep(random.uniform(0.001, 0.004) * min(busy, 8))
-                continue
-            except DB_ERRORS as exc:
-                self.outage.failed(exc, f"claiming {job.name}")
-                if self.clock.now() > deadline:
-                    break
-                await backoff.wait()
                 continue
             self.outage.recovered()
             self.stats.claims += 1
             self._recorded(claim)
             return replace(claim, sent=sent)
         if not self.closing:
-            self.stats.gave_up += 1
-            # While the database is out (or read-only: logged once already), not once per slot.
-            quiet = self.outage.ongoing or self.db.read_only
-            log.log(
-                logging.DEBUG if quiet else logging.WARNING,
-                "could not claim %s slot %s in time (%d busy retries); the misfire policy "
-                "accounts for it",
-                job.name,
-                slot.isoformat(),
-                busy,
-            )
+            self._gave_up(job, slot, tries.busy)
         return None
+
+    def _request(
+        self,
+        job: Job,
+        slot: datetime,
+        trigger: str,
+        following: datetime,
+        missed_reason: str | None,
+        check_gap: bool,
+    ) -> dict[str, Any]:
+        """What every attempt of one slot's claim asks (the moment and the lease wait apart)."""
+        return {
+            "job_name": job.name,
+            "slot": slot,
+            "trigger": trigger,
+            "instance_id": self.instance_id,
+            "lease_ms": job.lease_ms(self.default_lease),
+            "forbid_overlap": job.overlap == "forbid",
+            "following": following,
+            "missed_reason": missed_reason,
+            "check_gap": check_gap,
+            "fingerprint": self.fingerprint(job),
+            # A jittered run's body starts later: its start is stamped then.
+            "started": not job.jitter,
+        }
+
+    async def _again(self, exc: BaseException, job: Job, deadline: datetime, tries: _Tries) -> bool:
+        """After a claim found the lease held, the row busy, or the database failing: wait a
+        moment and say whether to try again (False past ``deadline``)."""
+        if isinstance(exc, LeaseHeld):
+            # An earlier slot's run holds the lease (here or on another instance): look again
+            # in a moment of real time (runs end by the real clock, not a test's).
+            self.outage.recovered()
+            await asyncio.sleep(random.uniform(LEASE_RECHECK_MIN, LEASE_RECHECK_MAX))
+            return True
+        if isinstance(exc, RowBusy):
+            self.outage.recovered()
+            tries.busy += 1
+            self.stats.busy_retries += 1
+            if self.clock.now() > deadline:
+                return False
+            await asyncio.sleep(random.uniform(0.001, 0.004) * min(tries.busy, 8))
+            return True
+        self.outage.failed(exc, f"claiming {job.name}")
+        if self.clock.now() > deadline:
+            return False
+        await tries.backoff.wait()
+        return True
+
+    def _gave_up(self, job: Job, slot: datetime, busy: int) -> None:
+        self.stats.gave_up += 1
+        # While the database is out (or read-only: logged once already), not once per slot.
+        quiet = self.outage.ongoing or self.db.read_only
+        log.log(
+            logging.DEBUG if quiet else logging.WARNING,
+            "could not claim %s slot %s in time (%d busy retries); the misfire policy "
+            "accounts for it",
+            job.name,
+            slot.isoformat(),
+            busy,
+        )
 
     async def open_among(self, items: list[Due]) -> list[Due] | None:
         """The items whose slot no instance has decided yet, by a plain read that locks and
@@ -199,7 +233,7 @@ class Claimer:
         backoff = Backoff(jitter=0.5)
         start = self.clock.now()
         together_until = start + (give_up_at - start) * HELD_TOGETHER
-        tracing.claim_began()
+        self.events.claim_began()
         while pending and not self.closing:
             sent = self.clock.monotonic()
             try:
@@ -220,23 +254,7 @@ class Claimer:
                 await backoff.wait()
                 continue
             self.outage.recovered()
-            if decided.superseded and self.supersession is not None:
-                await self.supersession.refused(decided.superseded)
-            self.stats.batches += 1
-            self.stats.claims += len(decided.claims)
-            self.stats.taken += len(decided.taken)
-            for name, claim in decided.claims.items():
-                self._recorded(claim)
-                # Stamped in place: the claim is this batch's own new object, nobody else holds
-                # it yet; a copy per run (dataclasses.replace) cost 8 us each, 80 ms a burst
-                # of 10,000 on a 2-core machine, most of what issue 11 added to its claims.
-                object.__setattr__(claim, "sent", sent)
-                result.claims[name] = claim
-            result.taken |= decided.taken
-            result.undecided += decided.undecided
-            result.expected.update(decided.expected)
-            result.deferred += decided.deferred
-            result.start_keys.update(decided.start_keys)
+            await self._decided(decided, result, sent)
             pending = decided.held
             if not pending:
                 break
@@ -247,17 +265,42 @@ class Claimer:
             # decided meanwhile are simply closed.
             self.stats.busy_retries += len(pending)
             await asyncio.sleep(min(random.uniform(0.002, 0.006) * tries, 0.05))
-            try:
-                open_ = await batch_store.still_open(self.db, pending)
-            except DB_ERRORS as exc:
-                resume_cancellation(exc)
-                continue
-            closed = {i.job_name for i in pending} - {i.job_name for i in open_}
-            result.taken |= closed
-            self.stats.taken += len(closed)
-            pending = open_
+            pending = await self._still_open(pending, result)
         result.held = pending
         return result
+
+    async def _decided(self, decided: Decided, result: Decided, sent: float) -> None:
+        """Take in what one batch's transaction decided (counted, announced, kept)."""
+        if decided.superseded and self.supersession is not None:
+            await self.supersession.refused(decided.superseded)
+        self.stats.batches += 1
+        self.stats.claims += len(decided.claims)
+        self.stats.taken += len(decided.taken)
+        for name, claim in decided.claims.items():
+            self._recorded(claim)
+            # Stamped in place: the claim is this batch's own new object, nobody else holds
+            # it yet; a copy per run (dataclasses.replace) cost 8 us each, 80 ms a burst
+            # of 10,000 on a 2-core machine, most of what issue 11 added to its claims.
+            object.__setattr__(claim, "sent", sent)
+            result.claims[name] = claim
+        result.taken |= decided.taken
+        result.undecided += decided.undecided
+        result.expected.update(decided.expected)
+        result.deferred += decided.deferred
+        result.start_keys.update(decided.start_keys)
+
+    async def _still_open(self, pending: list[Due], result: Decided) -> list[Due]:
+        """Of ``pending`` (rows another claimer held), those still open: the ones it decided
+        meanwhile are simply closed (``pending`` as it was when the read fails)."""
+        try:
+            open_ = await batch_store.still_open(self.db, pending)
+        except DB_ERRORS as exc:
+            resume_cancellation(exc)
+            return pending
+        closed = {i.job_name for i in pending} - {i.job_name for i in open_}
+        result.taken |= closed
+        self.stats.taken += len(closed)
+        return open_
 
     def fingerprint(self, job: Job) -> str | None:
         """What this instance's claims of ``job`` present as the schedule they fire, refused
@@ -271,31 +314,16 @@ class Claimer:
         return self.supersession.fingerprints.get(job.name) if self.supersession else None
 
     def _recorded(self, claim: Claim) -> None:
-        tracing.claimed(claim)
-        if claim.status == Status.RUNNING:
-            if log.isEnabledFor(logging.DEBUG):  # the common case costs one level check
-                fields = run_fields(
-                    claim.job_name,
-                    claim.scheduled_at,
-                    claim.execution_id,
-                    self.instance_id,
-                    Status.RUNNING,
-                )
-                log.debug("%s slot %s claimed", claim.job_name, claim.scheduled_at, extra=fields)
-            return
-        self.metrics.slot_recorded(claim.job_name, claim.status)
-        alerts.of(self.instance_id).not_run(claim)
-        fields = run_fields(
-            claim.job_name, claim.scheduled_at, claim.execution_id, self.instance_id, claim.status
-        )
-        # A paused or overlapping job's slot is news; MISSED slots come in bulk after an
-        # outage and are summed up in one warning by the scheduler.
-        log.log(
-            logging.INFO if claim.status == Status.SKIPPED else logging.DEBUG,
-            "%s slot %s %s: %s",
-            claim.job_name,
-            claim.scheduled_at.isoformat(),
-            claim.status,
-            claim.reason,
-            extra=fields,
-        )
+        """Announce what this claim decided (a slot recorded not run is an event: counted,
+        alerted, logged by :mod:`slotcron.observe`)."""
+        if claim.status == Status.RUNNING and log.isEnabledFor(logging.DEBUG):
+            # The common case costs one level check.
+            fields = run_fields(
+                claim.job_name,
+                claim.scheduled_at,
+                claim.execution_id,
+                self.instance_id,
+                claim.status,
+            )
+            log.debug("%s slot %s claimed", claim.job_name, claim.scheduled_at, extra=fields)
+        self.events.claimed(claim)

@@ -16,13 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from slotcron.lifeline.outage import DB_ERRORS, Backoff
 from slotcron.lifeline.roles import Collaborators
-from slotcron.observe import alerts
-from slotcron.observe.logs import run_fields
 from slotcron.status import Status
 from slotcron.store import markers, starts
 from slotcron.store.claims import Claim
@@ -39,7 +37,7 @@ class Kickoff:
         self.clock = shared.clock
         self.instance_id = shared.instance_id
         self.outage = shared.outage
-        self.metrics = shared.metrics
+        self.events = shared.events
         self.closing = False
         """Set by shutdown: no body starts any more; unstarted runs are handed back."""
         self._tasks: set[asyncio.Task[None]] = set()
@@ -163,32 +161,8 @@ class Kickoff:
                 await asyncio.sleep(EARLY_RETRY)
 
     def _skipped(self, claim: Claim, reason: str) -> None:
-        self.metrics.slot_recorded(claim.job_name, Status.SKIPPED)
-        skipped = Claim(
-            execution_id=claim.execution_id,
-            job_name=claim.job_name,
-            scheduled_at=claim.scheduled_at,
-            trigger=claim.trigger,
-            status=Status.SKIPPED,
-            attempt=claim.attempt,
-            lease_until=None,
-            lease_ms=None,
-            reason=reason,
-        )
-        alerts.of(self.instance_id).not_run(skipped)
-        log.info(
-            "%s slot %s SKIPPED: %s",
-            claim.job_name,
-            claim.scheduled_at.isoformat(),
-            reason,
-            extra=run_fields(
-                claim.job_name,
-                claim.scheduled_at,
-                claim.execution_id,
-                self.instance_id,
-                Status.SKIPPED,
-            ),
-        )
+        """Its start found the job paused meanwhile: recorded SKIPPED, and announced."""
+        self.events.slots_passed(replace(claim, status=Status.SKIPPED, reason=reason))
 
 
 @dataclass

@@ -5,26 +5,21 @@ written at once, a thousand ending together cost a few statements. A write is re
 an outage (a finished run is never left ``RUNNING`` by us), and is conditional
 (``status = 'RUNNING' AND instance_id = :me``), so a run fenced or recorded ``ABANDONED``
 meanwhile is never overwritten. A failed run with attempts left is written on its own, with
-its retry queued in the same transaction.
+its retry queued in the same transaction. What was written is announced by the runner
+(:mod:`slotcron.observe.events`: the run log writes its line).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
 from collections.abc import Callable
 from datetime import datetime
 
 from slotcron.lifeline.roles import Collaborators, Role
-from slotcron.observe.logs import run_fields
 from slotcron.status import Status
 from slotcron.store import runs as run_store
 from slotcron.store.claims import Claim, RunKey
 
-log = logging.getLogger("slotcron.runner")
-
-COMPLETED_LINES_PER_SECOND = 20
 BATCH_LIMIT = 1000
 
 _Pending = tuple[RunKey, Status, str | None, asyncio.Future[bool]]
@@ -39,7 +34,6 @@ class Outcomes(Role):
         super().__init__(shared)
         self._pending: list[_Pending] = []
         self._wake = asyncio.Event()
-        self._completed_lines = LineQuota(COMPLETED_LINES_PER_SECOND)
         self.on_recorded: Callable[[Claim, str, str | None, datetime | None], None] = lambda *_: (
             None
         )
@@ -53,13 +47,12 @@ class Outcomes(Role):
         retry_backoff: float | None,
         started_at: datetime | None = None,
     ) -> bool:
-        """Write a run's outcome (and, with ``retry_backoff``, queue its next attempt); log it.
-        False when the record was no longer ours to write."""
+        """Write a run's outcome (and, with ``retry_backoff``, queue its next attempt). False
+        when the record was no longer ours to write."""
         if retry_backoff is None:
             recorded = await self._group_commit(claim.key, status, error)
         else:
             recorded = await self._finish_and_retry(claim, status, error, retry_backoff)
-        self._log(claim, status, error, recorded)
         if recorded and retry_backoff is None:
             # Kept a while, to be written again if a failover loses it
             # (slotcron.lifeline.reconnection). A run
@@ -115,66 +108,3 @@ class Outcomes(Role):
                 retry_backoff=retry_backoff,
             ),
         )
-
-    def _log(self, claim: Claim, status: Status, error: str | None, recorded: bool) -> None:
-        if status == Status.FAILED:
-            first = (error or "").strip().splitlines()[-1:] or [""]
-            log.warning(
-                "%s slot %s FAILED: %s",
-                claim.job_name,
-                claim.scheduled_at.isoformat(),
-                first[0],
-                extra=self._fields(claim, status),
-            )
-        elif status != Status.COMPLETED or self._completed_lines.take():
-            log.info(
-                "%s slot %s %s",
-                claim.job_name,
-                claim.scheduled_at.isoformat(),
-                status,
-                extra=self._fields(claim, status),
-            )
-        if not recorded:
-            log.warning(
-                "execution %s (%s) was no longer ours to record as %s",
-                claim.execution_id,
-                claim.job_name,
-                status,
-                extra=self._fields(claim, "FENCED"),
-            )
-
-    def _fields(self, claim: Claim, outcome: str) -> dict[str, object]:
-        return run_fields(
-            claim.job_name, claim.scheduled_at, claim.execution_id, self.instance_id, outcome
-        )
-
-
-class LineQuota:
-    """At most ``per_second`` lines a second; past it, one line says how many were left out.
-
-    A COMPLETED line per run is what a human reading the log wants at a few runs a second; at
-    thousands a second, writing them would be most of the instance's work (and nobody reads
-    them: the executions table holds every run)."""
-
-    def __init__(self, per_second: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.per_second = per_second
-        self.clock = clock
-        self._second = 0
-        self._used = 0
-        self._dropped = 0
-
-    def take(self) -> bool:
-        second = int(self.clock())
-        if second != self._second:
-            if self._dropped:
-                log.info(
-                    "%d more runs COMPLETED in that second without a line each "
-                    "(`slotcron history` lists them)",
-                    self._dropped,
-                )
-            self._second, self._used, self._dropped = second, 0, 0
-        if self._used < self.per_second:
-            self._used += 1
-            return True
-        self._dropped += 1
-        return False

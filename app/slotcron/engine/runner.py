@@ -22,7 +22,7 @@ from slotcron.jobs.registry import Job
 from slotcron.lifeline.inflight import CancelReason, RunHandle, Runs, trusted_until
 from slotcron.lifeline.outage import DB_ERRORS
 from slotcron.lifeline.roles import Collaborators
-from slotcron.observe import alerts, tracing
+from slotcron.observe.events import Ending
 from slotcron.observe.logs import run_fields
 from slotcron.status import Status
 from slotcron.store import lifeline
@@ -48,7 +48,7 @@ class Runner:
         self.db = shared.db
         self.clock = shared.clock
         self.instance_id = shared.instance_id
-        self.metrics = shared.metrics
+        self.events = shared.events
         self.runs = runs
         self.outcomes = outcomes
         self.on_retry_queued = on_retry_queued
@@ -75,7 +75,7 @@ class Runner:
             lease_ms=claim.lease_ms,
         )
         self.runs.add(handle)
-        tracing.run_began(job, claim, self.instance_id)
+        self.events.run_began(job, claim)
         # The run stays in `runs` until its outcome is written: its lease is renewed meanwhile
         # (a write retried through an outage must not see it ABANDONED), and shutdown waits
         # for the write before it closes the database.
@@ -87,7 +87,7 @@ class Runner:
             if handle.cancel_reason is not None and task is not None and task.cancelling():
                 task.uncancel()  # the job returned although cancelled: the request is spent
             if not handle.started:
-                tracing.run_ended("NOT STARTED")
+                self.events.run_not_started()
                 await self._not_started(handle)
                 return None
             if handle.cancel_reason is CancelReason.FENCED:
@@ -95,35 +95,51 @@ class Runner:
                 # or swallow the cancellation): the cluster may have judged the run already.
                 status, error = None, None
             handle.finishing = True
-            self.metrics.run_finished(job.name, status or "FENCED", handle.began)
+            duration = self.events.since(handle.began)
             if status is None:
-                why = handle.fence_reason or "its lease lapsed unrenewed"
-                log.warning(
-                    "run %s of %s (slot %s) was fenced: %s; not recording an outcome",
-                    claim.execution_id,
-                    job.name,
-                    claim.scheduled_at.isoformat(),
-                    why,
-                    extra=self._fields(claim, "FENCED"),
-                )
-                alerts.of(self.instance_id).run_fenced(claim, why)
-                tracing.run_ended("FENCED")
+                self._fenced(handle, duration)
                 return None
             retry = status == Status.FAILED and claim.attempt < job.max_attempts
-            tracing.finishing()
-            recorded = await self.outcomes.record(
-                claim, status, error, job.retry_backoff if retry else None, handle.started_at
-            )
-            alerts.of(self.instance_id).run_finished(
-                claim, status, error, recorded=recorded, final=not retry
-            )
-            tracing.run_ended(status if recorded else "FENCED", error)
+            recorded = await self._record(handle, status, error, duration, retry)
         finally:
             self.runs.remove(handle)
         self.on_run_ended(job.name)
         if recorded and retry:
             self.on_retry_queued(self.clock.now() + timedelta(seconds=job.retry_backoff))
         return status if recorded else None
+
+    def _fenced(self, handle: RunHandle, duration: float) -> None:
+        """A run fenced before its outcome's write: nothing is written (the cluster may have
+        judged it already); announced as fenced."""
+        why = handle.fence_reason or "its lease lapsed unrenewed"
+        self.events.run_finished(
+            handle.claim,
+            None,
+            None,
+            started_at=handle.started_at,
+            duration=duration,
+            end=Ending(why=why),
+        )
+
+    async def _record(
+        self, handle: RunHandle, status: Status, error: str | None, duration: float, retry: bool
+    ) -> bool:
+        """Write the run's outcome (queuing its retry when ``retry``), then announce it; whether
+        the record was still ours."""
+        claim = handle.claim
+        self.events.finishing()
+        recorded = await self.outcomes.record(
+            claim, status, error, handle.job.retry_backoff if retry else None, handle.started_at
+        )
+        self.events.run_finished(
+            claim,
+            status,
+            error,
+            started_at=handle.started_at,
+            duration=duration,
+            end=Ending.written(final=not retry, recorded=recorded),
+        )
+        return recorded
 
     @staticmethod
     async def _after_ready_starts(handle: RunHandle) -> None:
@@ -138,10 +154,8 @@ class Runner:
             if handle.cancel_reason is None:
                 raise
 
-    async def _execute(
-        self, job: Job, claim: Claim, handle: RunHandle, start: asyncio.Future[bool] | None
-    ) -> tuple[Status | None, str | None]:
-        ctx = JobContext(
+    def _context(self, job: Job, claim: Claim, handle: RunHandle) -> JobContext:
+        return JobContext(
             job=job.name,
             scheduled_at=claim.scheduled_at,
             execution_id=claim.execution_id,
@@ -160,19 +174,27 @@ class Runner:
             lease_lost=handle.lease_lost,
             _save=lambda state: self._save_state(claim, state),
         )
+
+    async def _may_start(self, job: Job, claim: Claim, start: asyncio.Future[bool] | None) -> bool:
+        """Whether the body may start: its kick-off said so, its jitter passed, its start is
+        stamped (a run not yet stamped can be handed back; the stamp fails once it has been)."""
+        if start is not None and (not await start or self.kickoff.closing):
+            # Handed back, SKIPPED (paused) or no longer ours; or started as part of its
+            # chunk just as shutdown began: handed back, its body never started.
+            return False
+        if job.jitter:
+            await self.clock.sleep(random.uniform(0, job.jitter))
+        if job.jitter or (start is None and not claim.started):
+            return await self.kickoff.one(claim)
+        return True
+
+    async def _execute(
+        self, job: Job, claim: Claim, handle: RunHandle, start: asyncio.Future[bool] | None
+    ) -> tuple[Status | None, str | None]:
+        ctx = self._context(job, claim, handle)
         timeout: asyncio.Timeout | None = None
         try:
-            if start is not None and (not await start or self.kickoff.closing):
-                # Handed back, SKIPPED (paused) or no longer ours; or started as part of its
-                # chunk just as shutdown began: handed back, its body never started.
-                return None, None
-            if job.jitter:
-                await self.clock.sleep(random.uniform(0, job.jitter))
-            # Its start is written before its body starts: a run not yet stamped can be handed
-            # back, and the stamp fails once it has been.
-            if (job.jitter or (start is None and not claim.started)) and not (
-                await self.kickoff.one(claim)
-            ):
+            if not await self._may_start(job, claim, start):
                 return None, None
             handle.started = True
             handle.started_at = self.clock.now()
@@ -184,14 +206,13 @@ class Runner:
                     claim.execution_id,
                     extra=self._fields(claim, Status.RUNNING),
                 )
-            handle.began = self.metrics.run_started(job.name, claim.trigger, claim.scheduled_at)
-            tracing.job_started(self.clock)
+            handle.began = self.events.run_started(claim, handle.started_at)
             if job.timeout is None:
-                await (job.func(ctx) if job.takes_context else job.func())
+                await self._body(job, ctx)
             else:
                 timeout = asyncio.timeout(job.timeout)  # from now: jitter is not the job's time
                 async with timeout:
-                    await (job.func(ctx) if job.takes_context else job.func())
+                    await self._body(job, ctx)
         except asyncio.CancelledError:
             reason = handle.cancel_reason
             task = asyncio.current_task()
@@ -207,6 +228,15 @@ class Runner:
         except BaseException:  # a job's own SystemExit/KeyboardInterrupt must not kill the service
             return Status.FAILED, traceback.format_exc()
         return Status.COMPLETED, None
+
+    async def _body(self, job: Job, ctx: JobContext) -> None:
+        """The job's coroutine, inside the user hooks' ``wrap_run`` when there are any."""
+        if not self.events.wrappers:
+            await (job.func(ctx) if job.takes_context else job.func())
+        else:
+            await self.events.around(
+                ctx, lambda: job.func(ctx) if job.takes_context else job.func()
+            )
 
     async def _not_started(self, handle: RunHandle) -> None:
         """A run whose body never started records nothing itself. Stopped by shutdown or

@@ -1,16 +1,11 @@
 """Firing runtime schedules: an instance holds in memory only the schedules due within its
 horizon, whatever the number of schedules in the database.
 
-- :class:`ScheduledJob`: a schedule as the firing path sees a job: named by the schedule's id,
-  running its task's function with the schedule's params under ``ctx.params`` (a manual
-  trigger's merged over them), with the task's options as stored in the row.
-- :class:`JobSchedules`: every job's schedule by name for the firing path, code jobs' in a
-  plain dict (their lookups stay a dict's), runtime schedules' while anything holds them.
-- :class:`RuntimePlanner`: the planner's heap and wake-up
-(:class:`slotcron.engine.planner.Planner`), for
-  schedules: an entry whose schedule was removed or replaced since it was pushed is dropped
-  when it comes up, and a schedule's next slot re-enters the heap only if it is within the
-  horizon; otherwise it is forgotten until the loader finds it again.
+A schedule is fired as a job (:class:`slotcron.engine.scheduled.ScheduledJob`, its schedule
+found by name in :class:`slotcron.engine.scheduled.JobSchedules`).
+
+- :class:`slotcron.engine.horizon.RuntimePlanner`: the heap of the schedules due within the
+  horizon.
 - :class:`Runtime`: the loader. Every ``horizon / 2`` one range read on the ``next_slot_at``
   index (paged) loads the schedules due within the horizon (overdue ones included: they go
   through their misfire policy). A write that touches a slot soon is taken in within a second:
@@ -21,9 +16,8 @@ horizon, whatever the number of schedules in the database.
 A schedule's claim is a job's claim: the row lock, the high-water mark and the unique slot make
 each slot once across the cluster; a claim that finds the row gone (removed) decides nothing.
 
-A row that cannot be read (:func:`slotcron.jobs.schedules.read_row`: broken by a writer outside
-slotcron)
-is quarantined: logged once at WARNING with its id and why, never fired, counted
+A row that cannot be read (:func:`slotcron.jobs.schedule_rows.read_row`: broken by a writer
+outside slotcron) is quarantined: logged once at WARNING with its id and why, never fired, counted
 (:attr:`Runtime.quarantined`), and read again at each refresh until a write mends it or removes
 it. Every other schedule fires as if it were not there.
 """
@@ -34,41 +28,28 @@ import asyncio
 import contextlib
 import logging
 import time
-import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
-from slotcron.clock import Clock
-from slotcron.engine.burst import LEAD_BASE, LEAD_MAX, Burst
-from slotcron.engine.firing import Firing
-from slotcron.engine.planner import Planner
-from slotcron.jobs.context import JobContext
+from slotcron.engine.horizon import RuntimePlanner
+from slotcron.engine.scheduled import JobSchedules, ScheduledJob, scheduled_job
 from slotcron.jobs.misfire import MAX_GRACE
-from slotcron.jobs.registry import Job, JobFunc
-from slotcron.jobs.schedules import ScheduleSpec, UnreadableSpec, read_row, stored_options
+from slotcron.jobs.registry import Job
+from slotcron.jobs.schedule_rows import read_row
+from slotcron.jobs.schedules import UnreadableSpec
 from slotcron.lifeline.outage import DB_ERRORS
 from slotcron.lifeline.roles import Collaborators, Role
-from slotcron.observe import alerts
-from slotcron.schedule.slots import Schedule
 from slotcron.store import due as due_store
 from slotcron.store.dialects import Listening
 from slotcron.store.schedules import CHANGES_ROW, CHANNEL
 
+__all__ = ["JobSchedules", "Runtime", "RuntimePlanner", "ScheduledJob", "scheduled_job"]
+
 log = logging.getLogger("slotcron.schedules")
 
-HORIZON = timedelta(seconds=60)
-"""How far ahead an instance holds schedules in memory. Below the writers' announcement window
-(:data:`slotcron.store.schedules.ANNOUNCE_WITHIN`): a write further ahead needs no word."""
 POLL_SECONDS = 1.0
 """How often an instance without notifications looks at the change token."""
-PREPARE_COST = 200e-6
-"""Seconds per runtime schedule's slot due together, to claim it and prepare its run ahead
-(a claim's share of its chunk, its run's task and context), until the burst measures its own.
-Measured on 2-core machines, PostgreSQL on loopback, 100,000 at once: 150 us on one; 188 us
-on another (2026-11-24), where a lead of 15 s left the last claims 5 s after the slot, and
-20 s (this figure, at the horizon's third) finished them 2.4 s before it."""
 DEFER_REFRESH_SECONDS = 15.0
 """How long a horizon refresh waits, at most, for a burst being claimed: reading again the
 100,000 schedules of a burst while it is claimed took the CPU its claims needed."""
@@ -76,186 +57,6 @@ DEFER_POLL_SECONDS = 0.25
 """How often a deferred refresh looks whether the burst is claimed."""
 UNKNOWN_EVERY_SECONDS = 300.0
 """How often an instance looks for schedules of tasks no live instance registers."""
-_FIELDS = tuple(f.name for f in fields(Job))
-
-
-@dataclass(frozen=True, eq=False)
-class ScheduledJob(Job):
-    """A runtime schedule as a job: ``name`` is its id. ``version`` is the row's ``updated_at``
-    (a new one replaces what is held); ``plan`` its slots; ``mark`` the version its claims
-    present (:func:`slotcron.store.schedules.version_mark`; "" for a row written before marks, which
-    is refused once a write gives it one)."""
-
-    plan: Schedule | None = None
-    version: datetime | None = None
-    task: str = ""
-    mark: str = ""
-
-
-def _with_params(task: Job, params: dict[str, Any]) -> JobFunc:
-    """The task's function, seeing the schedule's ``params`` under a manual trigger's."""
-    if not params and task.takes_context:
-        return task.func  # nothing to merge: one coroutine less per run
-
-    async def run(ctx: JobContext) -> None:
-        ctx.params = {**params, **ctx.params}
-        await (task.func(ctx) if task.takes_context else task.func())
-
-    return run
-
-
-_TEMPLATES: dict[int, tuple[Job, dict[str, Any]]] = {}
-"""Per task (by identity), the field values its schedules' jobs start from."""
-
-
-def _template(task: Job) -> dict[str, Any]:
-    held = _TEMPLATES.get(id(task))
-    if held is None or held[0] is not task:
-        values = {name: getattr(task, name) for name in _FIELDS}
-        values.update(plan=None, version=None, task="", mark="")
-        # Every field a job is read by, since the job is filled in place (scheduled_job).
-        assert values.keys() == {f.name for f in fields(ScheduledJob)}
-        held = _TEMPLATES[id(task)] = (task, values)
-    return held[1]
-
-
-def scheduled_job(row: Any, task: Job, spec: ScheduleSpec | None = None) -> ScheduledJob:
-    """The job of a schedule's row (:func:`slotcron.store.due.by_ids`), read as ``spec`` (default:
-    :func:`slotcron.jobs.schedules.read_row`; ValueError if the row cannot be read), whose task is
-    ``task``: the task's options as stored with the row (every instance runs it alike;
-    ``alert`` among them), its own jitter when it has one."""
-    if spec is None:
-        spec = read_row(row)
-    if isinstance(spec, UnreadableSpec):
-        raise ValueError(f"schedule {spec.id!r} cannot be read: {spec.error}")
-    values = dict(_template(task))
-    values.update(stored_options(spec.id, row.options))
-    if spec.jitter is not None:
-        values["jitter"] = spec.jitter
-    values.update(
-        name=spec.id,
-        func=_with_params(task, spec.params),
-        kind=spec.kind,
-        expression=spec.expression,
-        timezone=spec.timezone,
-        takes_context=True,
-    )
-    values.update(version=row.updated_at, task=spec.task, mark=row.fingerprint or "")
-    # Filled in place, not through the frozen dataclass's __init__ (a guarded setattr per
-    # field): every field is in ``values``, from a registered task and a row read through the
-    # checks of a write; building the jobs was a third of loading 100,000 schedules.
-    job = object.__new__(ScheduledJob)
-    job.__dict__.update(values)
-    # Its plan set on the new object, not by ``replace``: building a job twice was most of
-    # loading 100,000 schedules. (Cron plans are shared by expression:
-    # slotcron.schedule.slots.shared.)
-    job.__dict__["plan"] = job.schedule()
-    return job
-
-
-class JobSchedules(dict[str, Schedule]):
-    """Every job's schedule by name: code jobs' as dict entries (looked up at a dict's speed),
-    runtime schedules' found on a miss, while anything (the heap, a claim, a run) holds their
-    :class:`ScheduledJob`: nothing here keeps a schedule in memory."""
-
-    def __init__(self, code: dict[str, Schedule]) -> None:
-        super().__init__(code)
-        self._held: weakref.WeakValueDictionary[str, ScheduledJob] = weakref.WeakValueDictionary()
-
-    def hold(self, job: ScheduledJob) -> None:
-        self._held[job.name] = job
-
-    def held(self, name: str) -> ScheduledJob | None:
-        return self._held.get(name)
-
-    def __missing__(self, name: str) -> Schedule:
-        job = self._held.get(name)
-        if job is None or job.plan is None:
-            raise KeyError(name)
-        return job.plan
-
-
-class AlertFlags(dict[str, bool]):
-    """Whether each job's events go to the alert webhook, by name, as the alert sender reads it
-    (``.get(name, True)``): code jobs' as entries; a runtime schedule's from its job while
-    anything holds it (a run, a claim: whenever one of its events is sent), which carries its
-    task's ``alert`` option. Nothing here grows with the number of schedules."""
-
-    def __init__(self, code: dict[str, bool], schedules: JobSchedules) -> None:
-        super().__init__(code)
-        self._schedules = schedules
-
-    def get(self, name: str, default: Any = None) -> Any:
-        if name in self:
-            return self[name]
-        job = self._schedules.held(name)
-        return job.alert if job is not None else default
-
-
-class RuntimePlanner(Planner):
-    """The planner for runtime schedules: its own heap, holding the schedules due within the
-    horizon (:attr:`current`, one version of each)."""
-
-    name = "schedules planner"
-
-    def __init__(
-        self,
-        schedules: JobSchedules,
-        *,
-        clock: Clock,
-        firing: Firing,
-        burst: Burst,
-        horizon: timedelta = HORIZON,
-    ) -> None:
-        super().__init__([], schedules, clock=clock, firing=firing, burst=burst)
-        self.horizon = horizon
-        self.current: dict[str, ScheduledJob] = {}
-        self.popped: dict[str, datetime] = {}
-        """Each schedule's last slot taken from the heap: a row still showing it (its claim not
-        yet committed) is not loaded again."""
-
-    def admit(self, job: ScheduledJob, slot: datetime) -> None:
-        """Hold ``job`` (new, or a new version of a schedule held) from ``slot``."""
-        self.current[job.name] = job
-        self._push_and_wake(job, slot)
-
-    def drop(self, name: str) -> None:
-        """Forget a schedule: its entry in the heap goes stale, and is dropped when it comes up."""
-        self.current.pop(name, None)
-
-    def _keeps(self, job: Job, slot: datetime) -> bool:
-        if self.current.get(job.name) is not job:
-            return False
-        self.popped[job.name] = slot
-        return True
-
-    def _push(self, job: Job, slot: datetime) -> None:
-        if self.current.get(job.name) is not job:
-            return  # removed or replaced meanwhile
-        if slot >= self.clock.now() + self.horizon:
-            del self.current[job.name]  # the loader finds it again when it comes near
-            return
-        super()._push(job, slot)
-
-    def _lead(self) -> timedelta:
-        """Slots due together are claimed ahead as a job's are, but past
-        :data:`slotcron.engine.burst.LEAD_MAX` by what claiming and preparing a schedule's run
-        costs each
-        (:data:`PREPARE_COST`, or the burst's measure when higher): a schedule's slots are
-        known a horizon ahead, and a burst of 100,000 takes seconds to claim. At most a third
-        of the horizon (and half a period: the burst's own rule)."""
-        lead = super()._lead()
-        if lead < timedelta(seconds=LEAD_MAX) or not self._heap:
-            return lead
-        slot, _, job = self._heap[0]
-        period = self._schedules[job.name].next_after(slot) - slot
-        each = max(PREPARE_COST, self.burst.claim_cost)
-        wanted = timedelta(seconds=LEAD_BASE + self._at_slot[slot] * each)
-        return min(wanted, self.horizon / 3, period / 2)
-
-    def forget_popped(self, before: datetime) -> None:
-        for name in [n for n, slot in self.popped.items() if slot < before]:
-            del self.popped[name]
 
 
 class Runtime(Role):
@@ -315,16 +116,7 @@ class Runtime(Role):
             await self._listening.close()
             self._listening = None
 
-    def _alert_flags(self) -> None:
-        """Let the alert sender see the ``alert`` option of schedules' tasks (``@task(alert=
-        False)``): it knows code jobs' only (:class:`AlertFlags`)."""
-        sender = alerts.of(self.instance_id)
-        flags = getattr(sender, "alerting", None)
-        if isinstance(flags, dict) and not isinstance(flags, AlertFlags):
-            sender.alerting = AlertFlags(flags, self.schedules)  # type: ignore[attr-defined]
-
     async def run(self) -> None:
-        self._alert_flags()
         while not self.tasks:  # nothing to fire here: only report what no instance fires
             try:
                 await self._report_unknown()

@@ -22,11 +22,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Mapping
 
-from sqlalchemy import select, update
-
 from slotcron.lifeline.outage import DB_ERRORS, describe
 from slotcron.store.database import Database
-from slotcron.store.tables import jobs
+from slotcron.store.registrations import mark_superseded
 
 log = logging.getLogger("slotcron.scheduler")
 
@@ -74,18 +72,6 @@ class Supersession:
             log.warning("could not record superseded jobs %s: %s", ", ".join(new), describe(exc))
 
     async def _record(self, names: list[str]) -> None:
-        async with self.db.transaction() as conn:
-            rows = await conn.execute(
-                select(jobs.c.name, jobs.c.superseded)
-                .where(jobs.c.name.in_(names))
-                .order_by(jobs.c.name)
-                .with_for_update()
-            )
-            for row in rows.all():
-                marked = {
-                    **(row.superseded or {}),
-                    self.instance_id: self.schedules.get(row.name, "?"),
-                }
-                await conn.execute(
-                    update(jobs).where(jobs.c.name == row.name).values(superseded=marked)
-                )
+        await mark_superseded(
+            self.db, names, instance_id=self.instance_id, schedules=self.schedules
+        )

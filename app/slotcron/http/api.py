@@ -27,14 +27,15 @@ from slotcron.http.auth import TokenCheck
 from slotcron.http.bridge import ServiceBridge
 from slotcron.http.errors import ApiError
 from slotcron.http.reads import AdminReads
-from slotcron.records import displayable, execution_json, instance_json, iso, job_json, queued_json
+from slotcron.records import execution_json, instance_json, job_json, queued_json
 from slotcron.store import operations
 from slotcron.store.database import Database
 from slotcron.store.history import ExecutionRecord, list_executions
 from slotcron.store.registrations import list_instances
+from slotcron.text import displayable, iso
 
 if TYPE_CHECKING:
-    from slotcron.service.service import Service
+    from slotcron.instance import Instance
 
 log = logging.getLogger("slotcron.http")
 
@@ -71,9 +72,9 @@ class AdminApi:
     need an admin token, and use the service's database (on SQLite its one writer lock)."""
 
     def __init__(
-        self, service: Service, auth: TokenCheck, reads: AdminReads, bridge: ServiceBridge
+        self, instance: Instance, auth: TokenCheck, reads: AdminReads, bridge: ServiceBridge
     ) -> None:
-        self.service = service
+        self.instance = instance
         self.auth = auth
         self.reads = reads
         self.bridge = bridge
@@ -83,8 +84,8 @@ class AdminApi:
     async def jobs(self, request: web.Request) -> web.Response:
         self.auth.read(request)
         _query(request, allowed=())
-        now = self.service.clock.now()
-        live_within = self.service.settings.lease_seconds
+        now = self.instance.clock.now()
+        live_within = self.instance.settings.lease_seconds
 
         async def produce(db: Database) -> dict[str, Any]:
             records = await operations.list_jobs(db, now=now, live_within=live_within)
@@ -99,7 +100,7 @@ class AdminApi:
         if job is not None and len(job) > MAX_NAME:
             raise ApiError(400, f"a job name has at most {MAX_NAME} characters", field="job")
         status = _parsed(query, "status", parse_status)
-        since = _parsed(query, "since", lambda text: parse_since(text, self.service.clock.now()))
+        since = _parsed(query, "since", lambda text: parse_since(text, self.instance.clock.now()))
         limit = _integer(query, "limit", DEFAULT_LIMIT, low=1, high=MAX_LIMIT)
         offset = _integer(query, "offset", 0, low=0, high=MAX_OFFSET)
         before = _parsed(query, "before", parse_cursor)
@@ -152,11 +153,11 @@ class AdminApi:
         try:
             queued = await self.bridge.call(
                 operations.trigger_live(
-                    self.service.db,
+                    self.instance.db,
                     job=name,
                     params=params,
-                    now=self.service.clock.now(),
-                    live_within=self.service.settings.lease_seconds,
+                    now=self.instance.clock.now(),
+                    live_within=self.instance.settings.lease_seconds,
                 )
             )
         except NotFound as exc:
@@ -192,7 +193,7 @@ class AdminApi:
     ) -> web.Response:
         try:
             changed = await self.bridge.call(
-                operations.set_paused(self.service.db, job=name, paused=paused, reason=reason)
+                operations.set_paused(self.instance.db, job=name, paused=paused, reason=reason)
             )
         except NotFound as exc:
             raise ApiError(404, str(exc), field="name") from None
@@ -212,7 +213,7 @@ class AdminApi:
         try:
             queued = await self.bridge.call(
                 operations.restart(
-                    self.service.db, execution_id=execution_id, now=self.service.clock.now()
+                    self.instance.db, execution_id=execution_id, now=self.instance.clock.now()
                 )
             )
         except NotFound as exc:

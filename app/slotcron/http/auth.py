@@ -38,7 +38,7 @@ from aiohttp import web
 from pydantic import SecretStr
 
 from slotcron.http.errors import ApiError
-from slotcron.records import displayable
+from slotcron.text import displayable
 
 log = logging.getLogger("slotcron.http")
 

@@ -3,7 +3,7 @@
 The HTTP server runs on a loop of its own; the service's database engine, its probes and its
 metrics belong to the service's loop. A handler hands work over with :meth:`call`: the
 coroutine runs there and its result (or exception) comes back here. A handler that touches
-``service.db`` directly would use another loop's connections: reads use the admin pool
+``instance.db`` directly would use another loop's connections: reads use the admin pool
 (:class:`~slotcron.http.reads.AdminReads`), everything else goes through here.
 """
 

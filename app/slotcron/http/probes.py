@@ -28,7 +28,7 @@ from slotcron.lifeline.outage import DB_ERRORS, describe
 from slotcron.status import InstanceState
 
 if TYPE_CHECKING:
-    from slotcron.service.service import Service
+    from slotcron.instance import Instance
 
 READY_TIMEOUT = 2.0
 """Seconds the readiness check waits for the database (keep the probe's timeoutSeconds above)."""
@@ -50,32 +50,32 @@ class Probes:
     (through ``bridge``), so ``/healthz`` still says whether *that* loop answers."""
 
     def __init__(
-        self, service: Service, registry: CollectorRegistry, bridge: ServiceBridge
+        self, instance: Instance, registry: CollectorRegistry, bridge: ServiceBridge
     ) -> None:
-        self.service = service
+        self.instance = instance
         self.registry = registry
         self.bridge = bridge
         self._ping: asyncio.Task[str | None] | None = None
         self.exposition = Exposition(registry)
 
     async def healthz(self, request: web.Request) -> web.Response:
-        service = self.service
+        instance = self.instance
         try:
             async with asyncio.timeout(HEALTH_TIMEOUT):
                 await self.bridge.call(_nothing())
         except TimeoutError:
-            body = {"status": "event loop not answering", "instance": service.instance_id}
+            body = {"status": "event loop not answering", "instance": instance.instance_id}
             return web.json_response(body, status=503)
         return web.json_response(
-            {"status": "ok", "instance": service.instance_id, "state": service.state}
+            {"status": "ok", "instance": instance.instance_id, "state": instance.state}
         )
 
     async def readyz(self, request: web.Request) -> web.Response:
-        state = self.service.state
+        state = self.instance.state
         problem = await self.bridge.call(self._database_problem())
         # A background loop that failed recently (it is being restarted) is named here.
-        roles = [p for role in self.service.roles if (p := role.problem) is not None]
-        replication = self.service.reconnection.replication
+        roles = [p for role in self.instance.roles if (p := role.problem) is not None]
+        replication = self.instance.reconnection.replication
         if state != InstanceState.RUNNING or problem is not None or roles:
             body: dict[str, object] = {
                 "status": "not ready",
@@ -101,12 +101,12 @@ class Probes:
         return await asyncio.shield(self._ping)
 
     async def _ping_once(self) -> str | None:
-        if self.service.db.read_only:
+        if self.instance.db.read_only:
             # It answers, but refuses our writes: no slot can be claimed here.
             return "read-only: the database refuses writes (a standby, or a demoted primary)"
         try:
             async with asyncio.timeout(READY_TIMEOUT):
-                await self.service.db.ping()
+                await self.instance.db.ping()
         except TimeoutError:
             return f"no answer within {READY_TIMEOUT:g} s"
         except DB_ERRORS as exc:

@@ -29,21 +29,15 @@ from slotcron.http.auth import TokenCheck
 from slotcron.http.bridge import ServiceBridge
 from slotcron.http.errors import ApiError
 from slotcron.http.reads import AdminReads
-from slotcron.jobs.schedules import (
-    CHANGEABLE,
-    FIELDS,
-    IdTaken,
-    ScheduleRecord,
-    check_text,
-    schedule_json,
-)
-from slotcron.records import iso
+from slotcron.jobs.schedule_fields import check_text
+from slotcron.jobs.schedules import CHANGEABLE, FIELDS, IdTaken, ScheduleRecord, schedule_json
 from slotcron.store import due
 from slotcron.store import schedules as store
 from slotcron.store.database import Database
+from slotcron.text import iso
 
 if TYPE_CHECKING:
-    from slotcron.service.service import Service
+    from slotcron.instance import Instance
 
 T = TypeVar("T")
 
@@ -55,9 +49,9 @@ MAX_ID = 200  # as the jobs table
 
 class SchedulesApi:
     def __init__(
-        self, service: Service, auth: TokenCheck, reads: AdminReads, bridge: ServiceBridge
+        self, instance: Instance, auth: TokenCheck, reads: AdminReads, bridge: ServiceBridge
     ) -> None:
-        self.service = service
+        self.instance = instance
         self.auth = auth
         self.reads = reads
         self.bridge = bridge
@@ -103,7 +97,7 @@ class SchedulesApi:
         _query(request, allowed=())
         schedule_id = _id(request)
 
-        lapse = self.service.settings.lease_seconds
+        lapse = self.instance.settings.lease_seconds
 
         async def produce(db: Database) -> dict[str, Any]:
             record = await _found(store.get(db, schedule_id))
@@ -118,15 +112,15 @@ class SchedulesApi:
     async def add(self, request: web.Request) -> web.Response:
         self.auth.write(request)
         body = await _body(request, allowed=FIELDS)
-        settings = self.service.settings
+        settings = self.instance.settings
         records = await _checked(
             self.bridge.call(
                 store.create(
-                    self.service.db,
+                    self.instance.db,
                     [body],
                     default_timezone=settings.timezone,
                     by="api",
-                    now=self.service.clock.now(),
+                    now=self.instance.clock.now(),
                 )
             )
         )
@@ -137,10 +131,10 @@ class SchedulesApi:
         self.auth.write(request)
         schedule_id = _id(request)
         body = await _body(request, allowed=CHANGEABLE)
-        db = self.service.db
+        db = self.instance.db
         record = await _checked(
             self.bridge.call(
-                store.update(db, schedule_id, body, now=self.service.clock.now(), by="api")
+                store.update(db, schedule_id, body, now=self.instance.clock.now(), by="api")
             )
         )
         _audit(request, f"update schedule {schedule_id}")
@@ -150,8 +144,8 @@ class SchedulesApi:
         self.auth.write(request)
         schedule_id = _id(request)
         await _body(request, allowed=())
-        now = self.service.clock.now()
-        await _checked(self.bridge.call(store.remove(self.service.db, schedule_id, now=now)))
+        now = self.instance.clock.now()
+        await _checked(self.bridge.call(store.remove(self.instance.db, schedule_id, now=now)))
         _audit(request, f"remove schedule {schedule_id}")
         return web.Response(status=204)
 

@@ -7,7 +7,7 @@ interpreter's thread switch interval (5 ms). What must run beside the scheduler 
 readiness ping, the metrics) is handed to its loop through :class:`ServiceBridge`; the reads
 have their own pool (:mod:`slotcron.http.reads`).
 
-Started first in :meth:`Service.start`, so ``/healthz`` and ``/readyz`` answer while the
+Started first when the instance opens, so ``/healthz`` and ``/readyz`` answer while the
 database is waited out; stopped in the last phase of shutdown, so ``/readyz`` says 503 for
 the whole drain.
 """
@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Coroutine
 from importlib import resources
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -36,11 +36,9 @@ from slotcron.http.probes import Probes
 from slotcron.http.reads import AdminReads
 from slotcron.http.schedules import SchedulesApi
 from slotcron.http.timeline import TimelineApi
-from slotcron.observe.metrics import InstanceCollector, PrometheusMetrics
-from slotcron.records import displayable
-
-if TYPE_CHECKING:
-    from slotcron.service.service import Service
+from slotcron.instance import Instance, ReplicationSeen
+from slotcron.observe.metrics import InstanceCollector, PrometheusMetrics, Scraped
+from slotcron.text import displayable
 
 log = logging.getLogger("slotcron.http")
 
@@ -78,16 +76,28 @@ _STATIC_HEADERS = {
 }
 
 
+class _Reconnection(ReplicationSeen, Protocol):
+    @property
+    def fenced(self) -> int: ...
+
+
+class Served(Instance, Scraped, Protocol):
+    """What the server reads of its instance: the handlers' view and the metrics' figures."""
+
+    @property
+    def reconnection(self) -> _Reconnection: ...
+
+
 class HttpServer:
-    def __init__(self, service: Service, metrics: PrometheusMetrics) -> None:
-        settings = service.settings
+    def __init__(self, instance: Served, metrics: PrometheusMetrics) -> None:
+        settings = instance.settings
         assert settings.http_port is not None
         self.host = settings.http_host
         self.port = settings.http_port
-        self.service = service
-        metrics.registry.register(InstanceCollector(service))
+        self.instance = instance
+        metrics.registry.register(InstanceCollector(instance))
         self.bridge = ServiceBridge()
-        self.app = build_app(service, metrics, self.bridge)
+        self.app = build_app(instance, metrics, self.bridge)
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
         self._thread: _LoopThread | None = None
@@ -111,9 +121,9 @@ class HttpServer:
         self._thread = thread
         log.info("http listening on %s", self.url)
         log.log(
-            logging.INFO if self.service.settings.admin_token is not None else logging.WARNING,
+            logging.INFO if self.instance.settings.admin_token is not None else logging.WARNING,
             "%s",
-            self.service.settings.admin_api_protection,
+            self.instance.settings.admin_api_protection,
         )
 
     async def _serve(self) -> None:
@@ -317,14 +327,14 @@ def _holds_nul(value: Any) -> bool:
 
 
 def build_app(
-    service: Service, metrics: PrometheusMetrics, bridge: ServiceBridge
+    instance: Instance, metrics: PrometheusMetrics, bridge: ServiceBridge
 ) -> web.Application:
-    settings = service.settings
+    settings = instance.settings
     auth = TokenCheck(settings.admin_tokens, settings.read_tokens)
     hosts = HostCheck(settings.http_host, settings.http_allowed_hosts)
-    probes = Probes(service, metrics.registry, bridge)
-    reads = AdminReads(service.db)
-    api = AdminApi(service, auth, reads, bridge)
+    probes = Probes(instance, metrics.registry, bridge)
+    reads = AdminReads(instance.db)
+    api = AdminApi(instance, auth, reads, bridge)
 
     async def close_reads(_app: web.Application) -> None:
         await reads.close()
@@ -351,8 +361,8 @@ def build_app(
     app.router.add_post("/api/jobs/{name:.+}/pause", api.pause)
     app.router.add_post("/api/jobs/{name:.+}/resume", api.resume)
     app.router.add_post("/api/executions/{id}/restart", api.restart)
-    TimelineApi(service, auth, reads).register(app)
-    SchedulesApi(service, auth, reads, bridge).register(app)
+    TimelineApi(instance, auth, reads).register(app)
+    SchedulesApi(instance, auth, reads, bridge).register(app)
     for path, (name, content_type) in _STATIC.items():
         app.router.add_get(path, _static(name, content_type))
     return app

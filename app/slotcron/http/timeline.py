@@ -28,12 +28,13 @@ from slotcron.http.auth import TokenCheck
 from slotcron.http.errors import ApiError
 from slotcron.http.reads import AdminReads
 from slotcron.jobs.registry import Job
-from slotcron.records import execution_json, iso
+from slotcron.records import execution_json
 from slotcron.store import timeline as store
 from slotcron.store.database import Database
+from slotcron.text import iso
 
 if TYPE_CHECKING:
-    from slotcron.service.service import Service
+    from slotcron.instance import Instance
 
 MAX_JOBS = 100
 """Jobs per timeline request: a dashboard page, not the whole cluster."""
@@ -45,12 +46,12 @@ _MAX_ID = 2**63 - 1
 
 
 class TimelineApi:
-    def __init__(self, service: Service, auth: TokenCheck, reads: AdminReads) -> None:
-        self.service = service
+    def __init__(self, instance: Instance, auth: TokenCheck, reads: AdminReads) -> None:
+        self.instance = instance
         self.auth = auth
         # The HTTP server has its own loop: reads go through the admin plane's own pool.
         self.reads = reads
-        self._code_jobs: dict[str, Job] = {job.name: job for job in service.jobs}
+        self._code_jobs: dict[str, Job] = {job.name: job for job in instance.jobs}
 
     def register(self, app: web.Application) -> None:
         """Add the routes (one line in the server's route table)."""
@@ -117,7 +118,7 @@ class TimelineApi:
         slots = [found.next_slot]
         job = self._code_jobs.get(found.job)
         if job is not None:
-            schedule = job.schedule(self.service.settings.timezone)
+            schedule = job.schedule(self.instance.settings.timezone)
             while len(slots) < count:
                 slots.append(schedule.next_after(slots[-1]))
         return slots

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from slotcron.jobs.registry import Job
-from slotcron.records import iso
 from slotcron.schedule.slots import IntervalSchedule, Schedule, slots_between
+from slotcron.text import iso
 
 MIN_GRACE = timedelta(seconds=1)
 MAX_GRACE = timedelta(seconds=60)

@@ -4,24 +4,14 @@ schedules are data (CONTRACT.md, "Schedules at runtime"); all checked when decla
 from __future__ import annotations
 
 import inspect
-import re
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
 from slotcron.errors import InvalidJobError
+from slotcron.jobs.checks import MIN_INTERVAL, check_options, name_problem
 from slotcron.schedule.slots import IntervalSchedule, Schedule, normalise_cron, shared, zone_problem
-
-MAX_NAME_LENGTH = 200
-MIN_INTERVAL = 1.0
-"""Seconds: the shortest interval of an ``@every`` job or a runtime schedule (a paused schedule of
-a millisecond wrote 330 SKIPPED rows a second)."""
-CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
-"""Control characters (C0, DEL, C1): never in a name or an id, which reach log lines, terminals
-and URLs."""
-OVERLAP = ("forbid", "allow")
-MISFIRE = ("skip", "once", "all")
 
 JobFunc = Callable[..., Awaitable[None]]
 F = TypeVar("F", bound=JobFunc)
@@ -119,33 +109,6 @@ REGISTRY = Registry()
 """The process-wide registry that ``@cron`` and ``@every`` add to."""
 
 
-def name_problem(name: object, longest: int = MAX_NAME_LENGTH) -> str | None:
-    """Why ``name`` cannot name a job, a task or a schedule (None when it can): a non-blank
-    string of valid Unicode, at most ``longest`` characters, without control characters."""
-    if not isinstance(name, str) or not name.strip():
-        return f"must be a non-empty string, got {shown(name)}"
-    if len(name) > longest:
-        return f"has at most {longest} characters, got {len(name)}"
-    found = CONTROL.search(name)
-    if found is not None:
-        return f"holds a control character ({found.group()!r} at {found.start()})"
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return "is not valid Unicode (a lone surrogate)"
-    return None
-
-
-def shown(value: object) -> str:
-    """``value`` fit for a message: its repr (control characters escaped), cut short; an
-    integer too long to write out (past Python's digit limit) is named, not written."""
-    try:
-        text = repr(value)
-    except ValueError:
-        return f"a {type(value).__name__} too long to show"
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _check_function(name: str, func: Any) -> bool:
     """Refuse what is not ``async def f()`` or ``async def f(ctx)``; return whether it takes ctx."""
     if not inspect.iscoroutinefunction(func):
@@ -170,74 +133,6 @@ def _check_function(name: str, func: Any) -> bool:
             f"parameter {params[0].name!r} must be positional; a job takes none or one JobContext",
         )
     return bool(params)
-
-
-def _check_number(name: str, option: str, value: Any, *, minimum: float, strict: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        raise InvalidJobError(name, option, f"must be a number of seconds, got {shown(value)}")
-    if value < minimum or (strict and value == minimum):
-        relation = "greater than" if strict else "at least"
-        raise InvalidJobError(name, option, f"must be {relation} {minimum:g}, got {value!r}")
-    return float(value)
-
-
-def _seconds(minimum: float, strict: bool, *, optional: bool = False) -> Callable[..., Any]:
-    def check(name: str, option: str, value: Any) -> float | None:
-        if optional and value is None:
-            return None
-        return _check_number(name, option, value, minimum=minimum, strict=strict)
-
-    return check
-
-
-def _one_of(allowed: tuple[str, ...]) -> Callable[..., Any]:
-    def check(name: str, option: str, value: Any) -> str:
-        if value not in allowed:
-            raise InvalidJobError(name, option, f"must be one of {allowed}, got {shown(value)}")
-        return str(value)
-
-    return check
-
-
-def _attempts(name: str, option: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidJobError(
-            name, option, f"must be a whole number of at least 1, got {shown(value)}"
-        )
-    return value
-
-
-def _flag(name: str, option: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidJobError(name, option, f"must be True or False, got {shown(value)}")
-    return value
-
-
-_OPTION_CHECKS: dict[str, Callable[[str, str, Any], Any]] = {
-    "overlap": _one_of(OVERLAP),
-    "misfire": _one_of(MISFIRE),
-    "catchup_window": _seconds(0, strict=False),
-    "lease": _seconds(0, strict=True, optional=True),
-    "timeout": _seconds(0, strict=True, optional=True),
-    "max_attempts": _attempts,
-    "retry_backoff": _seconds(0, strict=False),
-    "jitter": _seconds(0, strict=False),
-    "restartable": _flag,
-    "enabled": _flag,
-    "alert": _flag,
-}
-"""Each option of :meth:`Job.options` and its check."""
-
-
-def check_options(job: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """The options among ``options`` that a job has (:meth:`Job.options`), checked: a decorator's,
-    or those stored with a runtime schedule's row, which a writer outside this code may have
-    changed. Other keys are left out. Raises :class:`InvalidJobError` naming the option."""
-    return {
-        option: check(job, option, options[option])
-        for option, check in _OPTION_CHECKS.items()
-        if option in options
-    }
 
 
 class JobOptions(TypedDict, total=False):

@@ -64,7 +64,7 @@ class RunHandle:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     finishing: bool = False
     """The job has returned; only its outcome's write is left (never cancelled)."""
-    began: float = 0.0  # when the job's coroutine started (Metrics.run_started)
+    began: float = 0.0  # when the job's coroutine started (Events.run_started)
     started: bool = False
     """Its start is stamped (``started_at``): from then on it can no longer be handed back."""
     started_at: datetime | None = None

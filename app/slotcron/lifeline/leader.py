@@ -19,8 +19,6 @@ from datetime import datetime, timedelta
 from slotcron.jobs.misfire import MAX_GRACE
 from slotcron.lifeline.outage import DB_ERRORS
 from slotcron.lifeline.roles import Collaborators, Role
-from slotcron.observe import alerts
-from slotcron.observe.logs import run_fields
 from slotcron.store import housekeeping, leadership, lifeline, registrations, retention
 
 log = logging.getLogger("slotcron.leader")
@@ -157,23 +155,7 @@ class Leader(Role):
                 ", ".join(f"{run.job_name}#{run.execution_id}" for run in back[:10])
                 + (" ..." if len(back) > 10 else ""),
             )
-        for run in found:
-            if run.handed_back:
-                continue
-            self.metrics.slot_recorded(run.job_name, "ABANDONED")
-            alerts.of(self.instance_id).abandoned(run)
-            log.warning(
-                "execution %s of %s (slot %s) ABANDONED: instance %s let its lease lapse at %s%s",
-                run.execution_id,
-                run.job_name,
-                run.scheduled_at.isoformat(),
-                run.instance_id,
-                run.lease_until.isoformat(),
-                f"; retry queued as {run.retry_id}" if run.retry_id else "",
-                extra=run_fields(
-                    run.job_name, run.scheduled_at, run.execution_id, run.instance_id, "ABANDONED"
-                ),
-            )
+        self.events.abandoned(found)
 
     async def _reconcile_overdue(self, now: datetime) -> None:
         for name, expected in await registrations.overdue_jobs(self.db, before=now - MAX_GRACE):

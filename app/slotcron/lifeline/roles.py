@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from slotcron.clock import Clock
 from slotcron.lifeline.outage import Backoff, Outage, describe
-from slotcron.observe.metrics import Metrics
+from slotcron.observe.events import Events
 from slotcron.store.database import Database
 
 log = logging.getLogger("slotcron.roles")
@@ -63,13 +63,14 @@ def awaiting(task: asyncio.Task[Any]) -> list[str]:
 @dataclass(frozen=True)
 class Collaborators:
     """What every role works with: the database, the scheduler's clock, this instance's id,
-    the outage tracker (each outage logged once) and the metrics."""
+    the outage tracker (each outage logged once) and the events they announce (runs ended,
+    slots passed: :mod:`slotcron.observe.events`)."""
 
     db: Database
     clock: Clock
     instance_id: str
     outage: Outage = field(default_factory=Outage)
-    metrics: Metrics = field(default_factory=Metrics)
+    events: Events = field(default_factory=Events)
 
 
 class Stoppable(Protocol):
@@ -96,7 +97,7 @@ class Role:
         self.clock = shared.clock
         self.instance_id = shared.instance_id
         self.outage = shared.outage
-        self.metrics = shared.metrics
+        self.events = shared.events
         self.restarts = 0
         self._failed_at: float | None = None
         self._last_error = ""

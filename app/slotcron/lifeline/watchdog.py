@@ -34,7 +34,7 @@ from slotcron.clock import Clock
 from slotcron.jobs.registry import Job
 from slotcron.lifeline.inflight import Runs, trusted_until
 from slotcron.lifeline.outage import DB_ERRORS, describe
-from slotcron.observe.metrics import Metrics
+from slotcron.observe.events import Events
 from slotcron.store import runs as run_store
 from slotcron.store.database import Database
 from slotcron.store.runs import IncarnationLost
@@ -59,7 +59,7 @@ class Watchdog:
         runs: Runs,
         jobs: list[Job],
         period: float,
-        metrics: Metrics,
+        events: Events,
         instance_state: Callable[[], str],
         incarnation: Callable[[], str | None],
         on_id_taken: Callable[[], None],
@@ -69,7 +69,7 @@ class Watchdog:
         self.instance_id = instance_id
         self.runs = runs
         self.period = period
-        self.metrics = metrics
+        self.events = events
         self.instance_state = instance_state
         self.incarnation = incarnation
         self.on_id_taken = on_id_taken
@@ -212,7 +212,7 @@ class Watchdog:
         mark after it, or now if the loop ended its runs before it marked again."""
         seconds = (self._mark if self._mark > since else time.monotonic()) - since
         self.stalls += 1
-        self.metrics.loop_blocked(job, seconds)
+        self.events.loop_blocked(job, seconds)
         log.warning(
             "job %s blocked the event loop for %.1f s (leases were renewed from the watchdog "
             "thread meanwhile); await instead of blocking, or run blocking work in a thread "

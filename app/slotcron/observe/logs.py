@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from slotcron.masking import mask, mask_value
-from slotcron.records import displayable
+from slotcron.text import displayable
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 TRACEBACK_INDENT = "    "

@@ -4,8 +4,8 @@ Two kinds of figure. Events the hot path reports through three hooks (a slot rec
 run, a run started, a run finished): :class:`Metrics` is their no-op base, what an instance
 without an HTTP server uses, and :class:`PrometheusMetrics` counts them. State that already
 exists (claim statistics, database errors, leadership, draining, the clock offset, runs in
-flight) is read when Prometheus scrapes, by :class:`InstanceCollector`, at no cost between
-scrapes.
+flight) is read when Prometheus scrapes, by :class:`slotcron.observe.collector.InstanceCollector`,
+at no cost between scrapes.
 
 Labels are bounded by the code, never by the data (issue 26): a ``job`` label names a code job
 (``@cron``/``@every``), or ``task:<name>`` for every runtime schedule of a task, or
@@ -17,19 +17,29 @@ API and the timeline. :class:`JobLabels` does the mapping, from what the service
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from slotcron.clock import Clock
-from slotcron.version import __version__
+from slotcron.observe.collector import InstanceCollector, Scraped
+from slotcron.observe.events import Ending, Observer, RunEvent, SlotsEvent
 
 if TYPE_CHECKING:
-    from slotcron.service.service import Service
+    from slotcron.store.claims import Claim
+
+__all__ = [
+    "OTHER",
+    "TASK_LABEL",
+    "Counting",
+    "InstanceCollector",
+    "JobLabels",
+    "Metrics",
+    "PrometheusMetrics",
+    "Scraped",
+]
 
 # Fire lag: a healthy instance starts within milliseconds of the slot.
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -101,6 +111,9 @@ class Metrics:
     def loop_blocked(self, job: str, seconds: float) -> None:
         """A job held the event loop for ``seconds`` (called from the watchdog's thread)."""
 
+    def hook_dropped(self, hook: str) -> None:
+        """An event for the user hook ``hook`` was dropped: its queue was full."""
+
 
 class PrometheusMetrics(Metrics):
     """The event counters of one instance, in a registry of its own (several services may
@@ -151,6 +164,13 @@ class PrometheusMetrics(Metrics):
             ["job"],
             registry=self.registry,
         )
+        self._hook_dropped = Counter(
+            "slotcron_hook_events_dropped",
+            "Events a user hook (SCHEDULER_HOOKS, Scheduler(hooks=...)) did not get because its "
+            "queue was full, by hook",
+            ["hook"],
+            registry=self.registry,
+        )
         # Children cached per label set (never per job name: there may be a million), one
         # dict lookup per event instead of labels().
         self._slot_children: dict[tuple[str, str], Counter] = {}
@@ -176,119 +196,41 @@ class PrometheusMetrics(Metrics):
         self._stalls.labels(label).inc()
 
     def run_finished(self, job: str, outcome: str, began: float) -> None:
+        self.run_ended(job, outcome, time.monotonic() - began if began else None)
+
+    def run_ended(self, job: str, outcome: str, seconds: float | None) -> None:
         label = self.labels(job)
         self._count(label, outcome)
-        if began:
+        if seconds is not None:
             child = self._duration_children.get(label)
             if child is None:
                 child = self._duration_children[label] = self._duration.labels(label)
-            child.observe(time.monotonic() - began)
+            child.observe(seconds)
+
+    def hook_dropped(self, hook: str) -> None:
+        self._hook_dropped.labels(hook).inc()
 
 
-class InstanceCollector(Collector):
-    """Figures read from the service's own state at scrape time."""
+class Counting(Observer):
+    """The metrics as a built-in observer of the engine's events."""
 
-    def __init__(self, service: Service) -> None:
-        self.service = service
+    def __init__(self, metrics: PrometheusMetrics) -> None:
+        self.metrics = metrics
+        self._lag = metrics._lag
 
-    def collect(self) -> Iterator[Metric]:
-        service = self.service
-        stats = service.claimer.stats
-        info = GaugeMetricFamily(
-            "slotcron_instance_info", "This instance", labels=["instance", "version"]
-        )
-        info.add_metric([service.instance_id, __version__], 1)
-        yield info
-        yield CounterMetricFamily(
-            "slotcron_claims",
-            "Slots this instance claimed (decided: run, skipped or missed)",
-            value=stats.claims,
-        )
-        yield CounterMetricFamily(
-            "slotcron_claims_lost",
-            "Claims lost to another instance (the slot was already claimed)",
-            value=stats.taken,
-        )
-        yield CounterMetricFamily(
-            "slotcron_claim_busy_retries",
-            "Claims retried because another instance held the job's row at that moment",
-            value=stats.busy_retries,
-        )
-        yield CounterMetricFamily(
-            "slotcron_claims_given_up",
-            "Slots not claimed before their deadline (left to the misfire policy)",
-            value=stats.gave_up,
-        )
-        yield CounterMetricFamily(
-            "slotcron_database_errors",
-            "Database calls that failed (connection lost or refused, timeouts)",
-            value=service.outage.errors,
-        )
-        yield GaugeMetricFamily(
-            "slotcron_database_outage",
-            "1 while the database is unreachable from this instance",
-            value=1 if service.outage.ongoing else 0,
-        )
-        yield GaugeMetricFamily(
-            "slotcron_runs_in_flight", "Runs executing on this instance", value=len(service.runs)
-        )
-        yield GaugeMetricFamily(
-            "slotcron_leader",
-            "1 while this instance holds the cluster's leadership lease",
-            value=1 if service.leader.leading else 0,
-        )
-        yield GaugeMetricFamily(
-            "slotcron_draining",
-            "1 once shutdown has begun (no more claims; in-flight runs drain)",
-            value=1 if service.state in ("draining", "stopped") else 0,
-        )
-        sent = service.alerts.stats
-        yield CounterMetricFamily(
-            "slotcron_alerts_sent",
-            "Alert events the webhook accepted (SCHEDULER_ALERT_WEBHOOK_URL)",
-            value=sent.sent,
-        )
-        yield CounterMetricFamily(
-            "slotcron_alerts_failed",
-            "POSTs to the alert webhook that failed (each retry counts)",
-            value=sent.failed,
-        )
-        yield CounterMetricFamily(
-            "slotcron_alerts_dropped",
-            "Alert events given up: queue full, retries exhausted, refused, or shutdown",
-            value=sent.dropped,
-        )
-        yield GaugeMetricFamily(
-            "slotcron_alerts_queued", "Alert events waiting to be sent", value=sent.queued
-        )
-        yield GaugeMetricFamily(
-            "slotcron_database_read_only",
-            "1 while the database refuses this instance's writes as read-only",
-            value=1 if service.db.read_only else 0,
-        )
-        replication = service.reconnection.replication
-        if replication is not None:
-            yield GaugeMetricFamily(
-                "slotcron_database_synchronous_replication",
-                "1 when commits wait for a standby (a failover keeps every acknowledged claim), "
-                "0 when a failover can lose the last claims (PostgreSQL)",
-                value=1 if replication.synchronous else 0,
-            )
-        yield GaugeMetricFamily(
-            "slotcron_schedules_quarantined",
-            "Runtime schedules due within the horizon whose rows cannot be read (listed with "
-            "their error by GET /api/schedules); every other schedule fires",
-            value=service.runtime.quarantined,
-        )
-        yield CounterMetricFamily(
-            "slotcron_failover_fenced_runs",
-            "Runs fenced after reconnecting because the database no longer had their claim",
-            value=service.reconnection.fenced,
-        )
-        offset = getattr(service.clock, "offset", None)
-        if offset is not None:
-            yield GaugeMetricFamily(
-                "slotcron_database_clock_offset_seconds",
-                "Database clock minus this machine's clock, as last measured",
-                value=offset.total_seconds(),
-            )
+    def run_started(self, run: RunEvent) -> None:
+        if run.trigger in ON_TIME_TRIGGERS and run.lag_seconds is not None:
+            self._lag.observe(run.lag_seconds)
+
+    def run_finished(self, run: RunEvent, end: Ending) -> None:
+        if end.abandoned is not None:
+            self.metrics.slot_recorded(run.job, run.status)
+        else:
+            outcome = "FENCED" if run.fenced else run.status
+            self.metrics.run_ended(run.job, outcome, run.duration_seconds)
+
+    def slots_passed(self, event: SlotsEvent, record: Claim, together: int | None) -> None:
+        self.metrics.slot_recorded(event.job, event.status)
+
+    def loop_blocked(self, job: str, seconds: float) -> None:
+        self.metrics.loop_blocked(job, seconds)

@@ -17,10 +17,11 @@ below is one test of a module global. These ``OTEL_*`` variables are the OpenTel
 own (it also reads ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER``
 and the exporters' settings): slotcron reads them only to decide whether to start it.
 
-The hooks are one-line calls from the claimer (:func:`claim_began`, :func:`claimed`) and the
-runner (:func:`run_began`, :func:`job_started`, :func:`finishing`, :func:`run_ended`). A run's
-state travels in a context variable: every hook of one run is called from the task that runs
-it.
+The functions below are called by :class:`Tracing`, a built-in observer of the engine's
+events (:mod:`slotcron.observe.events`): a claim's start and decision (:func:`claim_began`,
+:func:`claimed`), a run in flight (:func:`run_began`), its body's start (:func:`job_started`),
+its outcome's write (:func:`finishing`) and its end (:func:`run_ended`). A run's state travels
+in a context variable: every event of one run is announced from the task that runs it.
 
 **No secret in a span.** The error text a span's status carries is masked first
 (:func:`slotcron.masking.mask`): a URL's password, ``password=``, ``token=``, ``Bearer …`` never
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from slotcron.errors import ConfigError
 from slotcron.masking import mask
+from slotcron.observe.events import Ending, Observer, RunEvent
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer, TracerProvider
@@ -215,6 +217,12 @@ def job_started(clock: Clock) -> None:
         run.span.set_attribute("slotcron.lag", max(lag, 0.0))
 
 
+def _lag(seconds: float | None) -> None:
+    run = _current.get()
+    if run is not None and seconds is not None and run.span.is_recording():
+        run.span.set_attribute("slotcron.lag", seconds)
+
+
 def finishing() -> None:
     """The job returned; the write of its outcome starts."""
     run = _current.get()
@@ -242,6 +250,42 @@ def run_ended(outcome: str, error: str | None = None) -> None:
         run.span.set_status(Status(StatusCode.ERROR, status_description(error or outcome)))
     run.span.end()
     context.detach(run.token)
+
+
+class Tracing(Observer):
+    """Traces as a built-in observer: each method is one test of a module global while tracing
+    is off."""
+
+    def claim_began(self) -> None:
+        if _tracer is not None:
+            _claim_start.set(time.time_ns())
+
+    def claimed(self, claim: Claim) -> None:
+        if _tracer is not None:
+            claimed(claim)
+
+    def run_began(self, job: Job, claim: Claim, instance_id: str) -> None:
+        if _tracer is not None:
+            run_began(job, claim, instance_id)
+
+    def run_started(self, run: RunEvent) -> None:
+        if _tracer is not None:
+            _lag(run.lag_seconds)
+
+    def finishing(self) -> None:
+        if _tracer is not None:
+            finishing()
+
+    def run_not_started(self) -> None:
+        run_ended("NOT STARTED")
+
+    def run_finished(self, run: RunEvent, end: Ending) -> None:
+        if end.abandoned is not None:
+            return  # another instance's run: no span of this instance's
+        if end.why is not None:
+            run_ended("FENCED")
+        else:
+            run_ended("FENCED" if run.fenced else run.status, run.error)
 
 
 def status_description(error: str) -> str:

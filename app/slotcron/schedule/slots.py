@@ -217,3 +217,24 @@ def slots_between(schedule: Schedule, after: datetime, until: datetime) -> Itera
     while slot <= until:
         yield slot
         slot = schedule.next_after(slot)
+
+
+def day_rule(text: str, seconds_first: bool) -> str | None:
+    """For an expression (aliases resolved) that restricts both day fields, the one line saying
+    how they combine; ``None`` when one of them matches every day."""
+    if seconds_first:
+        if not SpringCron.parse(text).restricts_both_days:
+            return None
+        return (
+            "days: both day fields are restricted; six fields follow Spring: a day must match "
+            "the day-of-month AND the day-of-week"
+        )
+    from croniter import croniter
+
+    expanded = croniter(text).expanded
+    if expanded[2][0] == "*" or expanded[4][0] == "*":
+        return None
+    return (
+        "days: both day fields are restricted; five fields follow classic cron: a day matching "
+        "the day-of-month OR the day-of-week runs"
+    )

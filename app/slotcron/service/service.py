@@ -3,62 +3,34 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
-import os
 import secrets
-import socket
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from slotcron.clock import Clock, DatabaseClock
 from slotcron.config import Settings
-from slotcron.engine.burst import Burst
-from slotcron.engine.claims import Claimer
-from slotcron.engine.firing import Firing
-from slotcron.engine.outcomes import Outcomes
-from slotcron.engine.permits import Permits
-from slotcron.engine.planner import Planner
-from slotcron.engine.queued import QueuedRuns
-from slotcron.engine.runner import Runner
-from slotcron.engine.runtime import JobSchedules, Runtime, RuntimePlanner
-from slotcron.engine.supersession import Supersession
-from slotcron.errors import ConfigError, InvalidJobError
+from slotcron.database_url import where
+from slotcron.errors import ConfigError, DatabaseUnreachable
 from slotcron.jobs.registry import REGISTRY, Job
-from slotcron.lifeline.fencing import Fencing
-from slotcron.lifeline.heartbeat import Heartbeat, Shedder
 from slotcron.lifeline.inflight import Runs
-from slotcron.lifeline.leader import Leader
 from slotcron.lifeline.outage import DB_ERRORS, Backoff, Outage, describe, refused_login
-from slotcron.lifeline.reconnection import Reconnection
 from slotcron.lifeline.roles import Collaborators, Role, Stoppable
-from slotcron.lifeline.watchdog import Watchdog
-from slotcron.observe import alerts, tracing
-from slotcron.observe.logs import run_fields
-from slotcron.observe.metrics import JobLabels, Metrics, PrometheusMetrics
+from slotcron.observe import tracing
+from slotcron.observe.events import Hook
+from slotcron.service import assemble, startup
 from slotcron.service.shutdown import Signals, shut_down
 from slotcron.status import InstanceState
-from slotcron.store import batch as batch_store
-from slotcron.store import claims as claim_store
-from slotcron.store import lifeline, markers, migrate, registrations
-from slotcron.store import runs as run_store
-from slotcron.store import schedules as schedule_store
-from slotcron.store import starts as start_store
+from slotcron.store import lifeline
 from slotcron.store.database import Database
-from slotcron.store.registrations import JobRow
-from slotcron.version import __version__
 
 if TYPE_CHECKING:
     from slotcron.http import HttpServer
+    from slotcron.observe.metrics import PrometheusMetrics
 
 log = logging.getLogger("slotcron.service")
-
-QUEUE_POLL_SECONDS = 1.0
-
 
 GC_THRESHOLDS = (700, 10, 1000)
 """The cyclic collector's thresholds once start-up is frozen: Python's young generations (700,
@@ -71,6 +43,16 @@ would pause a small burst's start for milliseconds. Garbage in cycles that outli
 passes is freed after some 7 million allocations instead of 70,000."""
 
 
+def tune_gc() -> None:
+    """Keep what start-up built (jobs, schedules, SQLAlchemy's metadata and caches: it lives as
+    long as the process) out of the collector's full passes, which otherwise pause the loop for
+    tens to hundreds of milliseconds in the middle of a burst of runs. The process's own
+    choice: ``slotcron run`` makes it, an application embedding a scheduler keeps its own."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 class Service:
     """One slotcron instance. ``clock`` defaults to the database's clock."""
 
@@ -80,6 +62,8 @@ class Service:
         jobs: Sequence[Job],
         clock: Clock | None = None,
         tasks: Sequence[Job] | None = None,
+        *,
+        hooks: Sequence[Hook] = (),
     ) -> None:
         self.tasks = REGISTRY.tasks() if tasks is None else list(tasks)
         """The ``@task`` tasks this instance records for writers of schedules (issue 15)."""
@@ -103,142 +87,64 @@ class Service:
         self.signals = Signals()
         self.exit_status = 0
         """1 once another process took the instance id over (see :meth:`_id_taken`)."""
-        # Counted only when there is an HTTP server to expose them.
-        # Labelled by code job and by task, never by schedule id (see
-        # slotcron.observe.metrics.JobLabels).
-        labels = JobLabels(
-            [job.name for job in self.jobs],
-            [task.name for task in self.tasks],
-            lambda name: self.schedules.held(name),
+        http = self._observe(hooks)
+        self._assemble_roles()
+        self.expected: dict[str, datetime | None] = {}
+        self.http: HttpServer | None = None
+        if http is not None:
+            from slotcron.http import HttpServer  # aiohttp is imported only when HTTP is configured
+
+            self.http = HttpServer(self, http)
+
+    def _observe(self, hooks: Sequence[Hook]) -> PrometheusMetrics | None:
+        """Metrics, alerts and the events (:func:`assemble.observing`); the Prometheus metrics
+        the HTTP server exposes, when it is configured."""
+        observing = assemble.observing(
+            self.settings,
+            clock=self.clock,
+            jobs=self.jobs,
+            tasks=self.tasks,
+            held=lambda name: self.schedules.held(name),
+            hooks=hooks,
+            http_address=lambda: (self.http.host, self.http.port) if self.http else None,
         )
-        prometheus = (
-            PrometheusMetrics(self.clock, labels) if settings.http_port is not None else None
-        )
-        self.metrics: Metrics = prometheus or Metrics()
+        self.metrics, self.alerts = observing.metrics, observing.alerts
+        self.events = observing.events
+        """What the engine announces runs and passed slots through (observe/events)."""
+        return observing.prometheus
+
+    def _assemble_roles(self) -> None:
+        """The engine's parts and the lifeline's roles (:func:`assemble.engine`,
+        :func:`assemble.lifeline`), held by name."""
         shared = Collaborators(
             db=self.db,
             clock=self.clock,
             instance_id=self.instance_id,
             outage=self.outage,
-            metrics=self.metrics,
+            events=self.events,
         )
-        self.schedules = JobSchedules(
-            {job.name: job.schedule(settings.timezone) for job in self.jobs}
+        parts = assemble.engine(
+            self.settings, shared, jobs=self.jobs, tasks=self.tasks, runs=self.runs
         )
-        self.claimer = Claimer(shared, default_lease=settings.lease_seconds)
-        self.supersession = self.claimer.supersession = Supersession(
-            self.db,
-            self.instance_id,
-            {
-                job.name: f"{self.schedules[job.name].describe()} "
-                f"({job.timezone or settings.timezone})"
-                for job in self.jobs
-            },
-        )
-        self.outcomes = Outcomes(shared)
-        self.reconnection = Reconnection(
-            shared, runs=self.runs, lease=settings.lease_seconds, next_slot=self._slot_after
-        )
-        self.outcomes.on_recorded = self.reconnection.recorded
-        self.outage.on_recovered = self.reconnection.reconnected
-        self.runner = Runner(
+        self.schedules, self.claimer, self.supersession = (
+            parts.schedules, parts.claimer, parts.supersession
+        )  # fmt: skip
+        self.outcomes, self.reconnection, self.runner = (
+            parts.outcomes, parts.reconnection, parts.runner
+        )  # fmt: skip
+        self.firing, self.planner, self.queued = parts.firing, parts.planner, parts.queued
+        self.schedule_planner, self.runtime = parts.schedule_planner, parts.runtime
+        kept = assemble.lifeline(
+            self.settings,
             shared,
+            parts,
+            jobs=self.jobs,
             runs=self.runs,
-            outcomes=self.outcomes,
-            on_retry_queued=lambda when: self.queued.wake_at(when),
-            on_run_ended=lambda name: self.queued.run_ended(name),
-        )
-        self.firing = Firing(
-            {job.name: job for job in self.jobs if job.enabled},
-            self.schedules,
-            clock=self.clock,
-            claimer=self.claimer,
-            runner=self.runner,
-            permits=Permits(settings.max_concurrency),
-        )
-        burst = Burst(self.schedules, clock=self.clock, claimer=self.claimer, firing=self.firing)
-        self.planner = Planner(
-            self.jobs, self.schedules, clock=self.clock, firing=self.firing, burst=burst
-        )
-        # Runtime schedules (issue 15): their own heap, fed with what is due within the horizon.
-        self.schedule_planner = RuntimePlanner(
-            self.schedules, clock=self.clock, firing=self.firing, burst=burst
-        )
-        self.runtime = Runtime(
-            shared,
-            tasks=self.tasks,
-            planner=self.schedule_planner,
-            schedules=self.schedules,
-            pool_size=settings.pool_size,
-            lease=settings.lease_seconds,
-        )
-        self.supersession.changed = self.runtime.reread
-        shortest_lease = min(
-            [job.lease_seconds(settings.lease_seconds) for job in self.jobs]
-            + [settings.lease_seconds]
-        )
-        period = min(settings.heartbeat_seconds, shortest_lease / 4)
-        self.queued = QueuedRuns(
-            shared,
-            jobs={job.name: job for job in self.jobs},
-            default_lease=settings.lease_seconds,
-            # A manual run is expected to start within a second or two.
-            period=min(period, QUEUE_POLL_SECONDS),
-            start=self.firing.start_claimed,
-            pool_size=settings.pool_size,
-            resolve=self.runtime.resolve,
-        )
-        self.leader = Leader(
-            shared,
-            lease=settings.lease_seconds,
-            # Three ticks to a lease: a lapsed lease or a silent instance is found within a
-            # third of a lease, at three or four statements a minute while nothing happens.
-            period=max(period, settings.lease_seconds / 3),
-            reconcile=self.firing.reconcile,
-            retention_days=settings.history_retention_days,
-            on_queued=lambda when: self.queued.wake_at(when),
-        )
-        self.expected: dict[str, datetime | None] = {}
-        self.heartbeat = Heartbeat(
-            shared,
-            runs=self.runs,
-            # A lease must be renewed several times before it can lapse.
-            period=period,
             instance_state=lambda: self.state,
+            on_id_taken=self._id_taken,
         )
-        self.heartbeat.on_id_taken = self._id_taken
-        self.heartbeat.judging_elsewhere = lambda: self.reconnection.pending
-        self.fencing = Fencing(shared, runs=self.runs)
-        self.shedder = Shedder(shared)
-        # Leases kept while a job blocks the loop (production clock only: a test's manual clock
-        # does not move while the loop is blocked, and nothing lapses).
-        self.watchdog: Watchdog | None = None
-        if isinstance(self.clock, DatabaseClock):
-            self.watchdog = Watchdog(
-                db=self.db,
-                clock=self.clock,
-                instance_id=self.instance_id,
-                runs=self.runs,
-                jobs=self.jobs,
-                period=period,
-                metrics=self.metrics,
-                instance_state=lambda: self.state,
-                incarnation=lambda: self.heartbeat.incarnation,
-                on_id_taken=self.heartbeat.lose_id,
-            )
-        self.http: HttpServer | None = None
-        if prometheus is not None:
-            from slotcron.http import HttpServer  # aiohttp is imported only when HTTP is configured
-
-            self.http = HttpServer(self, prometheus)
-        self.alerts = alerts.install(self)
-
-    def _slot_after(self, job_name: str, slot: datetime) -> datetime | None:
-        """The job's slot after ``slot`` (None when its schedule is not held here)."""
-        try:
-            return self.schedules[job_name].next_after(slot)
-        except KeyError:
-            return None
+        self.leader, self.heartbeat, self.fencing = kept.leader, kept.heartbeat, kept.fencing
+        self.shedder, self.watchdog = kept.shedder, kept.watchdog
 
     @property
     def id_taken(self) -> bool:
@@ -287,30 +193,10 @@ class Service:
         ]
 
     async def _prepare_database(self) -> None:
-        if self.settings.migrate_on_start:
-            before, after = await migrate.upgrade(self.db.engine, self.db.dialect)
-            if before != after:
-                log.info("database migrated from %s to %s", before or "empty", after)
-        else:
-            current = await migrate.current_revision(self.db.engine)
-            head = migrate.HEAD
-            if current != head:
-                raise ConfigError(
-                    "SCHEDULER_AUTO_MIGRATE",
-                    f"database schema is at {current or 'nothing'}, this version needs {head}: "
-                    "run `slotcron migrate` (or set SCHEDULER_AUTO_MIGRATE=true)",
-                )
-        # Behind a pooler every connection held is one of the pooler's few: one is opened ahead
-        # (the rest as a burst needs them, closed again once idle).
-        ahead = 1 if self.settings.database_pooler != "none" else len(self.jobs)
-        await self.db.warm_up(min(self.settings.pool_size, max(ahead, 1)), self._rehearse)
-        if isinstance(self.clock, DatabaseClock):
-            offset = await self.clock.sync()
-            log.info(
-                "clock offset to the database: %+.1f ms (round trip %.1f ms)",
-                offset.total_seconds() * 1000,
-                self.clock.round_trip.total_seconds() * 1000,
-            )
+        """The start-up steps (:mod:`slotcron.service.startup`), in order."""
+        await startup.schema(self.db, self.settings)
+        await startup.warm_up(self.db, self.settings, len(self.jobs))
+        await startup.sync_clock(self.clock)
         # Whether a failover can lose our claims: said once at start-up, and after reconnecting.
         await self.reconnection.check_replication()
         # Refuses a second live process under this id; the heartbeat checks we still hold it.
@@ -322,105 +208,42 @@ class Service:
             incarnation=self.incarnation,
         )
         now = self.clock.now()
-        for run in await lifeline.abandon_orphans(self.db, instance_id=self.instance_id, now=now):
-            if run.handed_back:  # never started: QUEUED again, for any live instance
-                continue
-            self.metrics.slot_recorded(run.job_name, "ABANDONED")
-            self.alerts.abandoned(run)
-            log.warning(
-                "execution %s of %s (slot %s) ABANDONED: left RUNNING by a previous process "
-                "with this instance id%s",
-                run.execution_id,
-                run.job_name,
-                run.scheduled_at.isoformat(),
-                f"; retry queued as {run.retry_id}" if run.retry_id else "",
-                extra=run_fields(
-                    run.job_name, run.scheduled_at, run.execution_id, run.instance_id, "ABANDONED"
-                ),
-            )
-        await registrations.register_instance(
+        orphans = await lifeline.abandon_orphans(self.db, instance_id=self.instance_id, now=now)
+        self.events.abandoned(orphans, at_start_up=True)  # those never started: QUEUED again
+        await startup.register_instance(self.db, self.instance_id, now)
+        self.expected = await startup.register_jobs(
             self.db,
-            instance_id=self.instance_id,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            version=__version__,
+            self.settings,
+            jobs=self.jobs,
+            tasks=self.tasks,
+            schedules=self.schedules,
+            supersession=self.supersession,
             now=now,
         )
-        rows = [
-            JobRow(
-                name=job.name,
-                kind=job.kind,
-                schedule=self.schedules[job.name].describe(),
-                timezone=job.timezone or self.settings.timezone,
-                options=job.options(),
-                first_slot=self.schedules[job.name].next_after(now),
-                slots=self.schedules[job.name],
-            )
-            for job in self.jobs
-        ]
-        taken = await schedule_store.schedule_ids_among(self.db, [row.name for row in rows])
-        if taken:  # registering would overwrite a runtime schedule's row
-            raise InvalidJobError(
-                taken[0], "name", "is the id of a runtime schedule: rename the job or remove it"
-            )
-        registered = await registrations.register_jobs(
-            self.db, rows, now=now, instance_id=self.instance_id, version=__version__
-        )
-        self.supersession.registered(registered.fingerprints)
-        await schedule_store.register_tasks(
-            self.db, self.tasks, now=now, instance_id=self.instance_id, version=__version__
-        )
-        for row in rows:
-            prior = registered.stored.get(row.name)
-            # A new job expects the slot computed when it was registered, so a second boundary
-            # passing before the planner starts is fired, not recorded MISSED. So does a job
-            # whose schedule this registration changed: nothing of the old schedule is owed.
-            took_over = row.name in registered.took_over
-            self.expected[row.name] = (
-                prior.next_slot_at if prior and not took_over else row.first_slot
-            )
-            if took_over and prior is not None:
-                # The newest registration wins: instances still running the old schedule are
-                # refused their claims of this job from now on (slotcron.engine.supersession).
-                log.warning(
-                    "schedule of %s changed: %s (%s) here takes over the cluster from %s (%s) "
-                    "registered by %s (version %s)",
-                    row.name,
-                    row.schedule,
-                    row.timezone,
-                    prior.schedule,
-                    prior.timezone,
-                    prior.updated_by,
-                    prior.version,
-                )
 
-    async def _rehearse(self, conn: AsyncConnection) -> None:
-        await claim_store.rehearse(self.db, conn)
-        await batch_store.rehearse(self.db, conn)
-        await start_store.rehearse(self.db, conn)
-        await markers.rehearse(self.db, conn)
-        await run_store.rehearse(conn, self.db.dialect)
+    async def start(self, stop: asyncio.Event | None = None, *, patient: bool = True) -> None:
+        """:meth:`open`, then :meth:`begin`."""
+        await self.open(stop, patient=patient)
+        await self.begin()
 
-    async def start(self, stop: asyncio.Event | None = None) -> None:
-        """Serve HTTP (if configured), connect (waiting out an unreachable database), register,
-        and start firing."""
+    async def open(self, stop: asyncio.Event | None = None, *, patient: bool = True) -> None:
+        """Serve HTTP (if configured), connect and register. ``patient``: wait out an
+        unreachable database (until ``stop`` is set), as ``slotcron run`` does; else raise
+        :class:`DatabaseUnreachable` at the first failure to reach it."""
         tracing.install()  # when the OTEL_* variables ask for traces
         if self.http is not None:
             # First: the probes answer (/readyz 503) while the database is waited out.
             await self.http.start()
         try:
-            await self._connect(stop)
+            await self._connect(stop, patient)
         except BaseException:
             if self.http is not None:
                 await self.http.stop()
             raise
+
+    async def begin(self) -> None:
+        """Start firing: the planners and the background roles."""
         self.state = InstanceState.RUNNING
-        # What start-up built (jobs, schedules, SQLAlchemy's metadata and caches) lives as long
-        # as the process: keep it out of the collector's full passes, which otherwise pause the
-        # loop for tens to hundreds of milliseconds in the middle of a burst of runs.
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(*GC_THRESHOLDS)
         await self.alerts.start()
         self.planner.start(self.expected)
         self.schedule_planner.start()
@@ -435,7 +258,7 @@ class Service:
             self.settings.safe_url,
         )
 
-    async def _connect(self, stop: asyncio.Event | None) -> None:
+    async def _connect(self, stop: asyncio.Event | None, patient: bool) -> None:
         backoff = Backoff(first=0.5, cap=10.0)
         while True:
             try:
@@ -447,6 +270,8 @@ class Service:
                         "SCHEDULER_DATABASE_URL", f"the database refused us: {describe(exc)}"
                     ) from None
                 self.outage.failed(exc, "starting up")
+                if not patient:
+                    raise DatabaseUnreachable(where(self.settings.url), describe(exc)) from None
                 if stop is not None and stop.is_set():
                     raise
                 log.debug("start-up retry in %.1f s: %s", backoff.delay, describe(exc))
@@ -454,25 +279,6 @@ class Service:
         self.outage.recovered()
 
     async def stop(self, signals: Signals | None = None) -> None:
-        await shut_down(self, signals or Signals())
-
-    async def run(self) -> bool:
-        """Run until SIGTERM/SIGINT (or until another process takes our instance id over), then
-        shut down in phases. False when some run ignored cancellation and is still alive (the
-        caller must then exit without awaiting it). The exit status is :attr:`exit_status`."""
-        signals = self.signals
-        signals.install()
-        starting = asyncio.create_task(self.start(signals.requested))
-        requested = asyncio.create_task(signals.requested.wait())
-        await asyncio.wait({starting, requested}, return_when=asyncio.FIRST_COMPLETED)
-        if not starting.done():
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await starting  # lets it stop the HTTP server
-            await self.db.close()
-            log.info("stopped before start-up completed")
-            return True
-        starting.result()
-        await requested
-        await self.stop(signals)
-        return len(self.runs) == 0
+        """Shut down in phases (:mod:`slotcron.service.shutdown`); a hurry asked of
+        ``signals`` (default: this service's own) skips the drain."""
+        await shut_down(self, (signals or self.signals).hurry)

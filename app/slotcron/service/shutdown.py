@@ -7,7 +7,8 @@
    recorded ``STOPPED`` and their leases released.
 4. Mark the instance ``stopped``; close the database.
 
-A second signal skips to phase 3.
+A second signal skips to phase 3 (``hurry``). What shutdown reads and stops of the instance is
+:class:`Stopping`, not the whole service.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from slotcron.lifeline.inflight import CancelReason
 from slotcron.lifeline.outage import DB_ERRORS, describe
@@ -25,9 +27,71 @@ from slotcron.store import lifeline, registrations
 from slotcron.store import runs as run_store
 
 if TYPE_CHECKING:
-    from slotcron.service.service import Service
+    from slotcron.clock import Clock
+    from slotcron.config import Settings
+    from slotcron.lifeline.inflight import Runs
+    from slotcron.lifeline.roles import Stoppable
+    from slotcron.store.database import Database
 
 log = logging.getLogger("slotcron.shutdown")
+
+
+class _Stops(Protocol):
+    async def stop(self) -> None: ...
+
+
+class _Queue(Protocol):
+    async def request_stop(self) -> None: ...
+
+
+class _Kickoff(Protocol):
+    closing: bool
+    """No body starts once it is set."""
+
+
+class _Runner(Protocol):
+    @property
+    def kickoff(self) -> _Kickoff: ...
+
+
+class Stopping(Protocol):
+    """What shutdown needs of the instance it stops (the service is one)."""
+
+    state: str
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def db(self) -> Database: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def instance_id(self) -> str: ...
+    @property
+    def id_taken(self) -> bool: ...
+    @property
+    def runs(self) -> Runs: ...
+    @property
+    def runner(self) -> _Runner: ...
+    @property
+    def queued(self) -> _Queue: ...
+    @property
+    def claiming(self) -> Sequence[Stoppable]:
+        """Stopped in phase 1, in order: whatever starts new runs or decides slots."""
+        ...
+
+    @property
+    def keeping(self) -> Sequence[Stoppable]:
+        """Stopped in phase 4, in order: what in-flight runs needed to the end."""
+        ...
+
+    @property
+    def events(self) -> _Stops:
+        """Stopped in phase 4, after the runs: hooks and alerts send what is queued."""
+        ...
+
+    @property
+    def http(self) -> _Stops | None: ...
 
 
 class Signals:
@@ -54,7 +118,7 @@ class Signals:
             self.hurry.set()
 
 
-async def _wait_runs(service: Service, timeout: float, hurry: asyncio.Event) -> bool:
+async def _wait_runs(service: Stopping, timeout: float, hurry: asyncio.Event) -> bool:
     """Wait until no run is in flight, ``timeout`` passes, or ``hurry`` is set. True if empty."""
     empty = asyncio.create_task(service.runs.wait_empty())
     hurried = asyncio.create_task(hurry.wait())
@@ -66,7 +130,7 @@ async def _wait_runs(service: Service, timeout: float, hurry: asyncio.Event) -> 
     return len(service.runs) == 0
 
 
-async def _hand_back_unstarted(service: Service) -> None:
+async def _hand_back_unstarted(service: Stopping) -> None:
     """Runs claimed here whose body has not started (claimed ahead of their slot, say) go back
     to the queue at once, for a live instance to run at their time: a stopping instance starts
     no new body, and records nothing it never ran."""
@@ -90,9 +154,22 @@ async def _hand_back_unstarted(service: Service) -> None:
         log.info("phase 1: handed back %d runs not yet started, for another instance", len(back))
 
 
-async def shut_down(service: Service, signals: Signals) -> None:
+async def shut_down(service: Stopping, hurry: asyncio.Event | None = None) -> None:
+    """The four phases; ``hurry`` (a second signal) skips the drain. Nothing here depends on
+    a signal: an embedded scheduler shuts down the same way when its application leaves it."""
+    hurry = hurry or asyncio.Event()
     settings = service.settings
-    # Phase 1
+    await _stop_claiming(service)
+    # Phase 2
+    if not hurry.is_set() and len(service.runs):
+        log.info("phase 2: draining for up to %g s", settings.shutdown_drain_timeout)
+        await _wait_runs(service, settings.shutdown_drain_timeout, hurry)
+    await _cancel_the_rest(service)
+    await _close(service)
+
+
+async def _stop_claiming(service: Stopping) -> None:
+    """Phase 1."""
     service.state = InstanceState.DRAINING
     # No body starts from now on: runs claimed ahead of their slot go back to the queue first
     # thing (a slot may come while the claiming roles stop), and again once they have stopped.
@@ -113,11 +190,10 @@ async def shut_down(service: Service, signals: Signals) -> None:
             )
     log.info("phase 1: claiming stopped; %d runs in flight", len(service.runs))
     await _hand_back_unstarted(service)
-    # Phase 2
-    if not signals.hurry.is_set() and len(service.runs):
-        log.info("phase 2: draining for up to %g s", settings.shutdown_drain_timeout)
-        await _wait_runs(service, settings.shutdown_drain_timeout, signals.hurry)
-    # Phase 3
+
+
+async def _cancel_the_rest(service: Stopping) -> None:
+    """Phase 3."""
     left = [h for h in service.runs if not h.finishing]  # the others are writing outcomes
     if left:
         log.warning(
@@ -127,21 +203,25 @@ async def shut_down(service: Service, signals: Signals) -> None:
         )
         for handle in left:
             service.runs.cancel(handle, CancelReason.SHUTDOWN)
-    if len(service.runs):
-        await _wait_runs(service, settings.shutdown_cancel_timeout, asyncio.Event())
-        stubborn = [h for h in service.runs if not h.finishing]
-        if stubborn:
-            # These ignored cancellation: record them STOPPED ourselves before we go.
-            with contextlib.suppress(*DB_ERRORS):
-                await run_store.stop_all(
-                    service.db,
-                    runs=[h.claim.key for h in stubborn],
-                    instance_id=service.instance_id,
-                    now=service.clock.now(),
-                    reason=f"stopped by shutdown of instance {service.instance_id} "
-                    "(did not end within the cancel timeout)",
-                )
-    # Phase 4
+    if not len(service.runs):
+        return
+    await _wait_runs(service, service.settings.shutdown_cancel_timeout, asyncio.Event())
+    stubborn = [h for h in service.runs if not h.finishing]
+    if stubborn:
+        # These ignored cancellation: record them STOPPED ourselves before we go.
+        with contextlib.suppress(*DB_ERRORS):
+            await run_store.stop_all(
+                service.db,
+                runs=[h.claim.key for h in stubborn],
+                instance_id=service.instance_id,
+                now=service.clock.now(),
+                reason=f"stopped by shutdown of instance {service.instance_id} "
+                "(did not end within the cancel timeout)",
+            )
+
+
+async def _close(service: Stopping) -> None:
+    """Phase 4."""
     for role in service.keeping:
         await role.stop()  # the heartbeat first: a late beat must not undo "stopped"
     service.state = InstanceState.STOPPED
@@ -155,7 +235,7 @@ async def shut_down(service: Service, signals: Signals) -> None:
             )
     except DB_ERRORS as exc:
         log.warning("could not mark instance stopped: %s", describe(exc))
-    await service.alerts.stop()  # sends what is queued, for up to 2 s
+    await service.events.stop()  # hooks and alerts: what is queued, for up to 2 s
     if service.http is not None:
         await service.http.stop()  # last: /readyz said 503 through the whole drain
     await service.db.close()

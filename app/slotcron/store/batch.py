@@ -7,157 +7,24 @@ round trips do not grow with the batch. Rows another claimer holds are skipped
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import (
-    JSON,
-    Integer,
-    String,
-    bindparam,
-    insert,
-    literal,
-    or_,
-    select,
-    text,
-    update,
-)
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from slotcron.errors import RowBusy
 from slotcron.status import Status
+from slotcron.store.batch_statements import (
+    BatchStatements,
+    batch_statements,
+    open_among_statement,
+    run_params,
+)
 from slotcron.store.claims import Claim, Fate, execution_row, judge
-from slotcron.store.database import Database, now_in_sql
-from slotcron.store.dialects import Dialect
-from slotcron.store.tables import UTCDateTime, executions, jobs
-
-
-@dataclass(frozen=True)
-class _Batch:
-    """The statements of :func:`claim_many`, built once per dialect. Each takes the batch's
-    job names as one list parameter, ``p_names``."""
-
-    lock: Any
-    high_water: Any
-    holders: Any
-    insert_runs: Any
-    insert_rows: Any
-    advance: Any
-    advance_runs: Any
-    custom_plans: Any | None
-    """PostgreSQL: plan the rest of the transaction for its lists as bound (see _holders)."""
-
-
-@functools.cache
-def _batch(dialect: Dialect, server_clock: bool = False) -> _Batch:
-    names = dialect.among(jobs.c.name, "p_names", String())
-    now = bindparam("p_now", type_=UTCDateTime())
-    # A run's row is built by the database from each job name: one statement, whatever the
-    # number of runs, and no per-row parameters to bind.
-    runs = select(
-        jobs.c.name,
-        bindparam("p_slot", type_=UTCDateTime()),
-        bindparam("p_trigger", type_=String()),
-        literal(Status.RUNNING.value, String()),
-        literal(1, Integer()),
-        bindparam("p_instance", type_=String()),
-        now,
-        bindparam("p_started", type_=UTCDateTime()),
-        now,
-        bindparam("p_lease_until", type_=UTCDateTime()),
-        bindparam("p_lease_ms", type_=Integer()),
-        bindparam("p_params", type_=JSON()),
-        bindparam("p_state", type_=JSON()),
-        jobs.c.fencing_token + 1,  # taken by the job's counter below, in the same transaction
-        bindparam("p_start_key", type_=String()),
-    ).where(names)
-    columns = [
-        "job_name", "scheduled_at", "trigger", "status", "attempt", "instance_id", "created_at",
-        "started_at", "heartbeat_at", "lease_until", "lease_ms", "params", "state",
-        "fencing_token", "start_key",
-    ]  # fmt: skip
-    return _Batch(
-        lock=select(
-            jobs.c.name,
-            jobs.c.paused,
-            jobs.c.paused_reason,
-            jobs.c.last_slot_at,
-            jobs.c.next_slot_at,
-            jobs.c.fencing_token,
-            jobs.c.fingerprint,
-        )
-        .where(names)
-        .with_for_update(skip_locked=True),
-        high_water=select(jobs.c.name, jobs.c.last_slot_at).where(names),
-        holders=select(executions.c.job_name, executions.c.id, executions.c.instance_id).where(
-            dialect.among(executions.c.job_name, "p_names", String()),
-            executions.c.status == Status.RUNNING,
-            executions.c.lease_until > now_in_sql(dialect, server_clock),
-        ),
-        insert_runs=insert(executions)
-        .from_select(columns, runs)
-        .returning(executions.c.id, executions.c.job_name, executions.c.fencing_token),
-        insert_rows=insert(executions).returning(executions.c.id, sort_by_parameter_order=True),
-        advance=update(jobs)
-        .where(names)
-        .values(
-            last_slot_at=bindparam("p_slot", type_=UTCDateTime()),
-            next_slot_at=bindparam("p_next", type_=UTCDateTime()),
-        ),
-        # A run takes the job's next fencing token (inserted above as token + 1). Its own
-        # statement: a CASE testing each row against the list of runs costs the square of the
-        # chunk's size, most of a large chunk's claim.
-        advance_runs=update(jobs)
-        .where(names)
-        .values(
-            last_slot_at=bindparam("p_slot", type_=UTCDateTime()),
-            next_slot_at=bindparam("p_next", type_=UTCDateTime()),
-            fencing_token=jobs.c.fencing_token + 1,
-        ),
-        custom_plans=text("SET LOCAL plan_cache_mode = force_custom_plan")
-        if dialect.name == "postgresql"
-        else None,
-    )
-
-
-_PROCESS = secrets.token_hex(8)
-MARKER_RUNS = 100_000
-"""Runs claimed ahead for one slot that share a start key, at most (whole chunks); past it the
-next key, whose marker goes out at the slot together with the first, on its own connection.
-A marker's statement costs the database about 4 us per run it starts (100,000: 0.4-0.6 s at
-the slot, before any body starts). Measured on 2 cores, 100,000 due at once: one marker, p99
-0.89 s; five of 20,000, 1.15 s on an idle machine (they share its two cores with each other
-and with the first bodies' bookkeeping), but 1.7 s against 2.4 s on a machine busy elsewhere."""
-_filling: dict[tuple[str, datetime], tuple[int, int]] = {}
-"""Per (instance, slot) claimed ahead by this process: the key group being filled, and how many
-runs it holds so far."""
-
-
-def start_key(instance_id: str, slot: datetime, group: int = 0) -> str:
-    """The start marker's key of this process's runs claimed ahead of ``slot`` (its
-    ``group``-th :data:`MARKER_RUNS`): the same for every chunk of a burst of up to that many
-    runs, so one marker starts them all (:mod:`slotcron.store.markers`)."""
-    seed = f"{_PROCESS} {instance_id} {slot.isoformat()}"
-    if group:
-        seed += f" {group}"
-    return hashlib.blake2b(seed.encode(), digest_size=16).hexdigest()
-
-
-def _key_for(instance_id: str, slot: datetime, runs: int, now: datetime) -> str:
-    """The start key of a chunk of ``runs`` runs claimed ahead of ``slot``: the slot's group
-    being filled, or the next one once it holds :data:`MARKER_RUNS`."""
-    for gone in [k for k in _filling if k[1] <= now]:
-        del _filling[gone]
-    group, held = _filling.get((instance_id, slot), (0, 0))
-    if held and held + runs > MARKER_RUNS:
-        group, held = group + 1, 0
-    _filling[instance_id, slot] = (group, held + runs)
-    return start_key(instance_id, slot, group)
+from slotcron.store.database import Database
+from slotcron.store.start_keys import key_for
 
 
 @dataclass(frozen=True)
@@ -201,8 +68,8 @@ class Decided:
     claim; :meth:`slotcron.engine.supersession.Supersession.refused` says what follows)."""
     start_keys: dict[str, str] = field(default_factory=dict)
     """Of each job whose run was claimed ahead, the key its start marker is inserted under at
-    the slot (:mod:`slotcron.store.markers`): one key per slot and :data:`MARKER_RUNS` runs
-    (:func:`start_key`)."""
+    the slot (:mod:`slotcron.store.markers`): one key per slot and
+    :data:`slotcron.store.start_keys.MARKER_RUNS` runs (:mod:`slotcron.store.start_keys`)."""
 
 
 async def claim_many(
@@ -226,7 +93,7 @@ async def claim_many(
     the slot comes."""
     decided = Decided()
     by_name = {item.job_name: item for item in items}
-    sql = _batch(db.dialect, db.server_clock)
+    sql = batch_statements(db.dialect, db.server_clock)
     try:
         async with db.transaction(nowait=True) as conn:
             locked = await _lock(conn, sql, by_name, decided)
@@ -260,7 +127,7 @@ class _Plan:
 
 
 async def _lock(
-    conn: AsyncConnection, sql: _Batch, by_name: dict[str, Due], decided: Decided
+    conn: AsyncConnection, sql: BatchStatements, by_name: dict[str, Due], decided: Decided
 ) -> dict[str, Any]:
     """Lock the jobs' rows, skipping those another claimer holds (handed back as ``held``)."""
     locked = {row.name: row for row in await conn.execute(sql.lock, {"p_names": list(by_name)})}
@@ -275,7 +142,7 @@ async def _lock(
 
 async def _holders(
     conn: AsyncConnection,
-    sql: _Batch,
+    sql: BatchStatements,
     locked: dict[str, Any],
     by_name: dict[str, Due],
     now: datetime,
@@ -342,7 +209,7 @@ def _judge_all(
 
 async def _write(
     conn: AsyncConnection,
-    sql: _Batch,
+    sql: BatchStatements,
     plan: _Plan,
     instance_id: str,
     now: datetime,
@@ -350,54 +217,68 @@ async def _write(
     """Insert the plan's rows and advance its jobs; return each job's new execution id, and
     each run's fencing token (the job's counter, taken). Runs claimed ahead of their slot get
     their slot's start key (returned too): one start marker per slot and
-    :data:`MARKER_RUNS`, whatever the chunks."""
+    :data:`slotcron.store.start_keys.MARKER_RUNS`, whatever the chunks."""
     ids: dict[str, int] = {}
     tokens: dict[str, int] = {}
-    start_keys: dict[datetime, str] = {}
+    start_keys = _ahead_keys(plan, instance_id, now)
+    for (slot, trigger, lease_ms), names in plan.runs.items():
+        ahead = slot > now
+        params = run_params(
+            names,
+            slot=slot,
+            trigger=trigger,
+            instance_id=instance_id,
+            now=now,
+            # Claimed ahead: not started until its slot (slotcron.store.starts).
+            started=None if ahead else now,
+            start_key=start_keys[slot] if ahead else None,
+            lease_ms=lease_ms,
+        )
+        for row in await conn.execute(sql.insert_runs, params):
+            ids[row.job_name] = int(row.id)
+            tokens[row.job_name] = int(row.fencing_token)
+    if plan.not_run:
+        ids.update(await _insert_not_run(conn, sql, plan, instance_id, now))
+    await _advance(conn, sql, plan, tokens)
+    return ids, tokens, start_keys
+
+
+def _ahead_keys(plan: _Plan, instance_id: str, now: datetime) -> dict[datetime, str]:
+    """The start key of each slot the plan claims runs ahead of."""
     ahead_runs: dict[datetime, int] = {}
     for (slot, _, _), names in plan.runs.items():
         if slot > now:
             ahead_runs[slot] = ahead_runs.get(slot, 0) + len(names)
-    for slot, count in ahead_runs.items():
-        start_keys[slot] = _key_for(instance_id, slot, count, now)
-    for (slot, trigger, lease_ms), names in plan.runs.items():
-        ahead = slot > now
-        inserted = await conn.execute(
-            sql.insert_runs,
-            {
-                "p_names": names,
-                "p_slot": slot,
-                "p_trigger": trigger,
-                "p_instance": instance_id,
-                "p_now": now,
-                # Claimed ahead: not started until its slot (slotcron.store.starts).
-                "p_started": None if ahead else now,
-                "p_start_key": start_keys[slot] if ahead else None,
-                "p_lease_until": now + timedelta(milliseconds=lease_ms),
-                "p_lease_ms": lease_ms,
-                "p_params": {},
-                "p_state": {},
-            },
+    return {slot: key_for(instance_id, slot, count, now) for slot, count in ahead_runs.items()}
+
+
+async def _insert_not_run(
+    conn: AsyncConnection, sql: BatchStatements, plan: _Plan, instance_id: str, now: datetime
+) -> dict[str, int]:
+    """Record the slots not run (MISSED, SKIPPED); return their execution ids by job."""
+    rows = [
+        execution_row(
+            job_name=i.job_name,
+            slot=i.slot,
+            trigger=i.trigger,
+            status=status,
+            instance_id=instance_id,
+            now=now,
+            reason=reason,
         )
-        for row in inserted:
-            ids[row.job_name] = int(row.id)
-            tokens[row.job_name] = int(row.fencing_token)
-    if plan.not_run:
-        rows = [
-            execution_row(
-                job_name=i.job_name,
-                slot=i.slot,
-                trigger=i.trigger,
-                status=status,
-                instance_id=instance_id,
-                now=now,
-                reason=reason,
-            )
-            for i, status, reason in plan.not_run
-        ]
-        inserted_ids = await conn.execute(sql.insert_rows, rows)
-        for (item, _, _), execution_id in zip(plan.not_run, inserted_ids.scalars(), strict=True):
-            ids[item.job_name] = int(execution_id)
+        for i, status, reason in plan.not_run
+    ]
+    inserted_ids = await conn.execute(sql.insert_rows, rows)
+    return {
+        item.job_name: int(execution_id)
+        for (item, _, _), execution_id in zip(plan.not_run, inserted_ids.scalars(), strict=True)
+    }
+
+
+async def _advance(
+    conn: AsyncConnection, sql: BatchStatements, plan: _Plan, tokens: dict[str, int]
+) -> None:
+    """Move each job's high-water mark to its slot (and a run's job's fencing counter on)."""
     for (slot, following), names in plan.advance.items():
         runs = [name for name in names if name in tokens]
         others = [name for name in names if name not in tokens] if len(runs) < len(names) else []
@@ -406,7 +287,6 @@ async def _write(
                 await conn.execute(
                     statement, {"p_names": which, "p_slot": slot, "p_next": following}
                 )
-    return ids, tokens, start_keys
 
 
 def _claims(
@@ -453,20 +333,10 @@ async def still_open(db: Database, items: list[Due]) -> list[Due]:
         return []
     async with db.read() as conn:
         rows = await conn.execute(
-            _batch(db.dialect).high_water, {"p_names": [i.job_name for i in items]}
+            batch_statements(db.dialect).high_water, {"p_names": [i.job_name for i in items]}
         )
         high: dict[str, datetime | None] = {row.name: row.last_slot_at for row in rows}
     return [i for i in items if (h := high.get(i.job_name)) is None or h < i.slot]
-
-
-@functools.cache
-def _open_among(dialect: Dialect) -> Any:
-    return select(jobs.c.name).where(
-        dialect.among(jobs.c.name, "p_names", String()),
-        or_(
-            jobs.c.last_slot_at.is_(None), jobs.c.last_slot_at < bindparam("p_slot", UTCDateTime())
-        ),
-    )
 
 
 async def open_among(db: Database, items: list[Due]) -> list[Due]:
@@ -479,7 +349,9 @@ async def open_among(db: Database, items: list[Due]) -> list[Due]:
     open_: set[tuple[str, datetime]] = set()
     async with db.read() as conn:
         for slot, names in by_slot.items():
-            rows = await conn.execute(_open_among(db.dialect), {"p_names": names, "p_slot": slot})
+            rows = await conn.execute(
+                open_among_statement(db.dialect), {"p_names": names, "p_slot": slot}
+            )
             open_.update((name, slot) for name in rows.scalars())
     return [i for i in items if (i.job_name, i.slot) in open_]
 
@@ -487,28 +359,23 @@ async def open_among(db: Database, items: list[Due]) -> list[Due]:
 async def rehearse(db: Database, conn: AsyncConnection) -> None:
     """Run the batch statements once, deciding nothing (see
     :func:`slotcron.store.claims.rehearse`)."""
-    sql = _batch(db.dialect, db.server_clock)
+    sql = batch_statements(db.dialect, db.server_clock)
     nobody: dict[str, Any] = {"p_names": []}
     epoch = datetime(2000, 1, 1, tzinfo=UTC)
     await conn.execute(sql.lock, nobody)
     await conn.execute(sql.high_water, nobody)
     await conn.execute(sql.holders, {**nobody, "p_now": epoch})
-    await conn.execute(
-        sql.insert_runs,
-        {
-            **nobody,
-            "p_slot": epoch,
-            "p_trigger": "cron",
-            "p_instance": "",
-            "p_now": epoch,
-            "p_started": epoch,
-            "p_start_key": None,
-            "p_lease_until": epoch,
-            "p_lease_ms": 0,
-            "p_params": {},
-            "p_state": {},
-        },
+    params = run_params(
+        [],
+        slot=epoch,
+        trigger="cron",
+        instance_id="",
+        now=epoch,
+        started=epoch,
+        start_key=None,
+        lease_ms=0,
     )
+    await conn.execute(sql.insert_runs, params)
     for statement in (sql.advance, sql.advance_runs):
         await conn.execute(statement, {**nobody, "p_slot": epoch, "p_next": epoch})
-    await conn.execute(_open_among(db.dialect), {**nobody, "p_slot": epoch})
+    await conn.execute(open_among_statement(db.dialect), {**nobody, "p_slot": epoch})

@@ -17,7 +17,9 @@ claim, the batch claim (:mod:`slotcron.store.batch`) and the taking of a queued 
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -222,86 +224,124 @@ async def claim_slot(
     started: bool = True,
     wait_for_lease: str | None = None,
 ) -> Claim:
-    """Claim ``slot`` of ``job_name``, or record why it does not run.
-
-    With ``started`` (its body starts as soon as the claim commits), a run's ``started_at`` is
-    stamped by the claim itself; otherwise it is left to :func:`slotcron.store.starts.start_runs`.
-
-    ``following`` is the job's next slot after ``slot``; it becomes the job's expected slot.
-    With ``missed_reason`` the slot is recorded ``MISSED`` instead of run. Raises
-    :class:`SlotTaken` when the slot is already closed (someone claimed it),
-    :class:`RowBusy` when another claimer holds the job's row right now, and (with
-    ``check_gap``) :class:`SlotsUndecided` when slots before this one were never decided, and
-    :class:`Superseded` when ``fingerprint`` is not the schedule in force. With
-    ``wait_for_lease`` (``"any"``, or ``"catchup"``: only a catch-up run's), a ``forbid`` job
-    whose lease such a run holds raises :class:`LeaseHeld` (nothing written) instead of
-    recording the slot ``SKIPPED``.
-    """
-    try:
+    """Claim ``slot`` of ``job_name`` (recorded ``MISSED`` with ``missed_reason``), making
+    ``following`` the job's expected slot; ``started``: the claim stamps ``started_at`` (else
+    :func:`slotcron.store.starts.start_runs` does). Raises :class:`SlotTaken` when the slot is
+    closed, :class:`RowBusy` when another claimer holds the job's row, and what
+    :func:`_verdict` raises."""
+    with _closed_or_busy(db, job_name, slot):
         async with db.transaction(nowait=True) as conn:
-            row = await lock_job(conn, job_name)
-            if row is None:  # a runtime schedule removed: none of its slots is open
+            locked = await lock_job(conn, job_name)
+            if locked is None:  # a runtime schedule removed: none of its slots is open
                 raise SlotTaken(f"{job_name} @ {slot.isoformat()}: no such job or schedule")
-            rules = functools.partial(
-                judge,
-                row,
+            verdict = await _verdict(
+                db,
+                conn,
+                locked,
+                job_name=job_name,
                 slot=slot,
                 now=now,
                 check_gap=check_gap,
                 missed_reason=missed_reason,
-                may_defer=False,
                 fingerprint=fingerprint,
+                forbid_overlap=forbid_overlap,
+                wait_for_lease=wait_for_lease,
             )
-            verdict = rules(holder=None)
-            if verdict.fate is Fate.RUN and forbid_overlap:  # only then is the lease read
-                holder = await lease_holder(db, conn, job_name, now)
-                if holder is not None and wait_for_lease in ("any", holder.trigger):
-                    raise LeaseHeld(job_name, holder.lease_until)
-                verdict = rules(holder=holder)
-            if verdict.fate is Fate.SUPERSEDED:
-                raise Superseded(job_name)
-            if verdict.fate is Fate.TAKEN:
-                raise SlotTaken(f"{job_name} @ {slot.isoformat()}")
-            if verdict.fate is Fate.UNDECIDED:
-                raise SlotsUndecided(job_name, row.next_slot_at)
             assert verdict.status is not None
-            status, reason = verdict.status, verdict.reason
-            token = int(row.fencing_token) + (1 if status == Status.RUNNING else 0)
+            token = int(locked.fencing_token) + (1 if verdict.status == Status.RUNNING else 0)
             row = execution_row(
                 job_name=job_name,
                 slot=slot,
                 trigger=trigger,
-                status=status,
+                status=verdict.status,
                 instance_id=instance_id,
                 now=now,
                 lease_ms=lease_ms,
-                reason=reason,
-                fencing_token=token if status == Status.RUNNING else None,
+                reason=verdict.reason,
+                fencing_token=token if verdict.status == Status.RUNNING else None,
                 started=started,
             )
             result = await conn.execute(_INSERT, row)
             await conn.execute(
                 _ADVANCE, {"p_job": job_name, "p_slot": slot, "p_next": following, "p_token": token}
             )
+    return _claim(int(result.inserted_primary_key[0]), row)  # type: ignore[index]
+
+
+@contextlib.contextmanager
+def _closed_or_busy(db: Database, job_name: str, slot: datetime) -> Iterator[None]:
+    """A claim's failures as what they mean: a unique key hit is the slot closed
+    (:class:`SlotTaken`), a row lock refused is the row busy (:class:`RowBusy`)."""
+    try:
+        yield
     except IntegrityError:
         raise SlotTaken(f"{job_name} @ {slot.isoformat()}") from None
     except DBAPIError as exc:
         if db.dialect.is_lock_unavailable(exc):
             raise RowBusy(job_name) from None
         raise
+
+
+def _claim(execution_id: int, row: dict[str, Any]) -> Claim:
+    """The claim of the execution row :func:`claim_slot` inserted."""
     return Claim(
-        execution_id=int(result.inserted_primary_key[0]),  # type: ignore[index]
-        job_name=job_name,
-        scheduled_at=slot,
-        trigger=trigger,
-        status=status,
+        execution_id=execution_id,
+        job_name=row["job_name"],
+        scheduled_at=row["scheduled_at"],
+        trigger=row["trigger"],
+        status=row["status"],
         attempt=1,
         lease_until=row["lease_until"],
         lease_ms=row["lease_ms"],
-        reason=reason,
+        reason=row["error"],
         fencing_token=row["fencing_token"],
         started=row["started_at"] is not None,
     )
+
+
+async def _verdict(
+    db: Database,
+    conn: AsyncConnection,
+    row: Any,
+    *,
+    job_name: str,
+    slot: datetime,
+    now: datetime,
+    check_gap: bool,
+    missed_reason: str | None,
+    fingerprint: str | None,
+    forbid_overlap: bool,
+    wait_for_lease: str | None,
+) -> Verdict:
+    """The verdict on ``slot`` of the locked job ``row`` (see :func:`claim_slot`): whether it
+    runs, or why not. Raises :class:`SlotTaken` when the slot is closed, (with ``check_gap``)
+    :class:`SlotsUndecided` when slots before it were never decided, :class:`Superseded` when
+    ``fingerprint`` is not the schedule in force, and, with ``wait_for_lease`` (``"any"``, or
+    ``"catchup"``: only a catch-up run's), :class:`LeaseHeld` when such a run holds a ``forbid``
+    job's lease (nothing written) instead of recording the slot ``SKIPPED``."""
+    rules = functools.partial(
+        judge,
+        row,
+        slot=slot,
+        now=now,
+        check_gap=check_gap,
+        missed_reason=missed_reason,
+        may_defer=False,
+        fingerprint=fingerprint,
+    )
+    verdict = rules(holder=None)
+    if verdict.fate is Fate.RUN and forbid_overlap:  # only then is the lease read
+        holder = await lease_holder(db, conn, job_name, now)
+        if holder is not None and wait_for_lease in ("any", holder.trigger):
+            raise LeaseHeld(job_name, holder.lease_until)
+        verdict = rules(holder=holder)
+    if verdict.fate is Fate.SUPERSEDED:
+        raise Superseded(job_name)
+    if verdict.fate is Fate.TAKEN:
+        raise SlotTaken(f"{job_name} @ {slot.isoformat()}")
+    if verdict.fate is Fate.UNDECIDED:
+        raise SlotsUndecided(job_name, row.next_slot_at)
+    return verdict
 
 
 async def rehearse(db: Database, conn: AsyncConnection) -> None:

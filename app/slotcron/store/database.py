@@ -18,7 +18,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
-from slotcron.config import sqlite_file
+from slotcron.database_url import sqlite_file
 from slotcron.errors import ConfigError
 from slotcron.store.dialects import NOWAIT, READ_ONLY, STATEMENT_TIMEOUT, Dialect
 from slotcron.store.engine import make_engine

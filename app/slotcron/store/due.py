@@ -1,7 +1,7 @@
-"""What an instance reads to fire runtime schedules (:mod:`slotcron.engine.runtime`): the schedules
-due
-within its horizon, one page at a time by the ``next_slot_at`` index; single schedules by id;
-the change token it polls where it has no notifications; the tasks that have schedules.
+"""What an instance reads to fire runtime schedules (:mod:`slotcron.engine.runtime`): the
+schedules due within its horizon, one page at a time by the ``next_slot_at`` index; single
+schedules by id; the change token it polls where it has no notifications; the tasks that have
+schedules.
 
 None of these reads grows with the number of schedules an instance is not about to fire.
 """
@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import String, and_, bindparam, func, or_, select
 
 from slotcron.store.database import Database
-from slotcron.store.tables import UTCDateTime, as_stored, changes, instances, jobs, tasks
+from slotcron.store.tables import SCHEDULE_COLUMNS, UTCDateTime, changes, instances, jobs, tasks
 
 PAGE = 20_000
 """Schedules per page of the horizon's range read (five short columns each). Large: a page
@@ -29,23 +29,8 @@ CHUNK = 1000
 MAX_TASKS = 10_000
 """How many distinct tasks the search for tasks without a live instance walks, at most."""
 
-_DUE_COLUMNS = (
-    jobs.c.name,
-    jobs.c.task,
-    jobs.c.kind,
-    jobs.c.schedule,
-    jobs.c.timezone,
-    as_stored(jobs.c.options),
-    as_stored(jobs.c.params),
-    jobs.c.jitter,
-    jobs.c.paused,
-    jobs.c.updated_at,
-    jobs.c.next_slot_at,
-    jobs.c.fingerprint,
-)
-"""A schedule's whole row, its JSON as stored text: :func:`slotcron.jobs.schedules.read_row` reads
-each
-row on its own, so one that cannot be read is quarantined alone."""
+_DUE_COLUMNS = (*SCHEDULE_COLUMNS, jobs.c.fingerprint)
+"""A schedule's whole row and its version mark."""
 
 _RANGE_COLUMNS = (
     jobs.c.name,

@@ -202,28 +202,7 @@ async def restore_rows(db: Database, lost: Sequence[Lost], *, instance_id: str) 
     meanwhile, by another instance's claim of the slot, is left to it)."""
     if not lost:
         return 0
-    rows = [
-        {
-            # A fresh id: the one the lost row had may be another run's now.
-            "job_name": item.run[1],
-            "scheduled_at": item.run[2],
-            "attempt": item.run[3],
-            "trigger": item.trigger,
-            "status": item.status,
-            "instance_id": instance_id,
-            "created_at": item.finished_at,
-            "started_at": item.started_at,
-            "heartbeat_at": item.finished_at,
-            "lease_until": item.finished_at,
-            "lease_ms": item.lease_ms,
-            "finished_at": item.finished_at,
-            "error": item.error,
-            "params": item.params,
-            "state": {},
-            "fencing_token": item.fencing_token,
-        }
-        for item in lost
-    ]
+    rows = [_restored_row(item, instance_id) for item in lost]
     async with db.transaction() as conn:
         # The jobs' rows first, in name order, as a claim locks its job's row before it inserts
         # its execution: taken the other way round, a claim of one of these slots and this
@@ -241,25 +220,53 @@ async def restore_rows(db: Database, lost: Sequence[Lost], *, instance_id: str) 
         for row in rows:
             inserted += (await conn.execute(db.dialect.insert_new(executions), row)).rowcount
         for item in lost:
-            if item.trigger not in _MARKED:
-                continue
-            job_name, slot = item.run[1], item.run[2]
-            values: dict[str, Any] = {
-                "last_slot_at": case(
-                    (or_(jobs.c.last_slot_at.is_(None), jobs.c.last_slot_at < slot), slot),
-                    else_=jobs.c.last_slot_at,
-                )
-            }
-            if item.next_slot is not None:
-                values["next_slot_at"] = case(
-                    (
-                        or_(jobs.c.next_slot_at.is_(None), jobs.c.next_slot_at < item.next_slot),
-                        item.next_slot,
-                    ),
-                    else_=jobs.c.next_slot_at,
-                )
-            await conn.execute(update(jobs).where(jobs.c.name == job_name).values(**values))
+            if item.trigger in _MARKED:
+                await _move_marks(conn, item)
     return int(inserted)
+
+
+def _restored_row(item: Lost, instance_id: str) -> dict[str, Any]:
+    """The execution row that puts ``item`` back, as ``instance_id``'s."""
+    return {
+        # A fresh id: the one the lost row had may be another run's now.
+        "job_name": item.run[1],
+        "scheduled_at": item.run[2],
+        "attempt": item.run[3],
+        "trigger": item.trigger,
+        "status": item.status,
+        "instance_id": instance_id,
+        "created_at": item.finished_at,
+        "started_at": item.started_at,
+        "heartbeat_at": item.finished_at,
+        "lease_until": item.finished_at,
+        "lease_ms": item.lease_ms,
+        "finished_at": item.finished_at,
+        "error": item.error,
+        "params": item.params,
+        "state": {},
+        "fencing_token": item.fencing_token,
+    }
+
+
+async def _move_marks(conn: Any, item: Lost) -> None:
+    """Move the job's high-water mark (and the slot it expects next) past ``item``'s slot,
+    never back."""
+    job_name, slot = item.run[1], item.run[2]
+    values: dict[str, Any] = {
+        "last_slot_at": case(
+            (or_(jobs.c.last_slot_at.is_(None), jobs.c.last_slot_at < slot), slot),
+            else_=jobs.c.last_slot_at,
+        )
+    }
+    if item.next_slot is not None:
+        values["next_slot_at"] = case(
+            (
+                or_(jobs.c.next_slot_at.is_(None), jobs.c.next_slot_at < item.next_slot),
+                item.next_slot,
+            ),
+            else_=jobs.c.next_slot_at,
+        )
+    await conn.execute(update(jobs).where(jobs.c.name == job_name).values(**values))
 
 
 async def settle_lost_takes(

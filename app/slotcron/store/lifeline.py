@@ -108,27 +108,7 @@ async def abandon_orphans(db: Database, *, instance_id: str, now: datetime) -> l
 async def _abandon(
     db: Database, *, now: datetime, limit: int, which: Any, why: Any
 ) -> list[Abandoned]:
-    async with db.read() as conn:
-        lapsed = (
-            await conn.execute(
-                select(
-                    executions.c.id,
-                    executions.c.job_name,
-                    executions.c.scheduled_at,
-                    executions.c.attempt,
-                    executions.c.instance_id,
-                    executions.c.lease_until,
-                    executions.c.started_at,
-                    executions.c.start_key,
-                    executions.c.params,
-                    executions.c.state,
-                )
-                .where(executions.c.status == "RUNNING", which)
-                .order_by(executions.c.lease_until)
-                .limit(limit),
-                {"p_now": now},
-            )
-        ).all()
+    lapsed = await _lapsed_runs(db, now=now, limit=limit, which=which)
     found: list[Abandoned] = []
     # A run claimed ahead in a chunk started when its chunk's marker did: settle each chunk
     # first (a tombstone where none started: its instance then starts none of it).
@@ -151,50 +131,76 @@ async def _abandon(
             if row.id in back
         ]  # fmt: skip
     for row in lapsed:
-        if started[row.id] is None:
-            continue
-        async with db.transaction() as conn:
-            result = await conn.execute(
-                update(executions)
-                .where(
-                    executions.c.id == row.id,
-                    executions.c.status == "RUNNING",
-                    executions.c.lease_until == row.lease_until,  # renewed meanwhile: alive
-                    executions.c.started_at.is_not(None)
-                    if row.started_at is not None
-                    else executions.c.start_key == row.start_key,
-                )
-                .values(
-                    status="ABANDONED", finished_at=now, error=why(row), started_at=started[row.id]
-                )
-            )
-            if result.rowcount != 1:
-                continue
-            options = (
-                await conn.execute(select(jobs.c.options).where(jobs.c.name == row.job_name))
-            ).scalar_one_or_none() or {}
-            retry_id = None
-            alert = bool(options.get("alert", True))
-            if row.attempt < int(options.get("max_attempts", 1)):
-                retry_id = await queue_retry(
-                    conn,
-                    row=row,
-                    now=now,
-                    backoff=float(options.get("retry_backoff", 10)),
-                    dialect=db.dialect,
-                )
-        found.append(
-            Abandoned(
-                row.id,
-                row.job_name,
-                row.scheduled_at,
-                row.instance_id,
-                row.lease_until,
-                retry_id,
-                alert,
-            )
-        )
+        if (when := started[row.id]) is not None:
+            abandoned = await _record_abandoned(db, row, when, now=now, why=why)
+            if abandoned is not None:
+                found.append(abandoned)
     return found
+
+
+async def _lapsed_runs(db: Database, *, now: datetime, limit: int, which: Any) -> list[Any]:
+    """The RUNNING rows ``which`` selects (bound to ``p_now``), earliest lease first."""
+    async with db.read() as conn:
+        return list(
+            (
+                await conn.execute(
+                    select(
+                        executions.c.id,
+                        executions.c.job_name,
+                        executions.c.scheduled_at,
+                        executions.c.attempt,
+                        executions.c.instance_id,
+                        executions.c.lease_until,
+                        executions.c.started_at,
+                        executions.c.start_key,
+                        executions.c.params,
+                        executions.c.state,
+                    )
+                    .where(executions.c.status == "RUNNING", which)
+                    .order_by(executions.c.lease_until)
+                    .limit(limit),
+                    {"p_now": now},
+                )
+            ).all()
+        )
+
+
+async def _record_abandoned(
+    db: Database, row: Any, started: datetime, *, now: datetime, why: Any
+) -> Abandoned | None:
+    """Record the started run ``row`` ABANDONED (and queue its retry if it has attempts left);
+    None when it was renewed or settled meanwhile."""
+    async with db.transaction() as conn:
+        result = await conn.execute(
+            update(executions)
+            .where(
+                executions.c.id == row.id,
+                executions.c.status == "RUNNING",
+                executions.c.lease_until == row.lease_until,  # renewed meanwhile: alive
+                executions.c.started_at.is_not(None)
+                if row.started_at is not None
+                else executions.c.start_key == row.start_key,
+            )
+            .values(status="ABANDONED", finished_at=now, error=why(row), started_at=started)
+        )
+        if result.rowcount != 1:
+            return None
+        options = (
+            await conn.execute(select(jobs.c.options).where(jobs.c.name == row.job_name))
+        ).scalar_one_or_none() or {}
+        retry_id = None
+        alert = bool(options.get("alert", True))
+        if row.attempt < int(options.get("max_attempts", 1)):
+            retry_id = await queue_retry(
+                conn,
+                row=row,
+                now=now,
+                backoff=float(options.get("retry_backoff", 10)),
+                dialect=db.dialect,
+            )
+    return Abandoned(
+        row.id, row.job_name, row.scheduled_at, row.instance_id, row.lease_until, retry_id, alert
+    )
 
 
 async def hand_back(

@@ -96,6 +96,33 @@ def _mark(dialect: Dialect, server_clock: bool) -> _Mark:
     insert = dialect.insert_new(start_markers).from_select(
         ["start_key", "instance_id", "started_at", "handed_back", "created_at"], marker
     )
+    paused_jobs = _paused_jobs(chunk)
+    scheduled = executions.c.trigger.in_(SCHEDULED)
+    skipped = {
+        executions.c.status: Status.SKIPPED.value,
+        executions.c.finished_at: now,
+        executions.c.lease_until: now,
+        executions.c.start_key: None,  # never started: the marker is not its start
+    }
+    one_trip = None
+    if dialect.modifying_cte:
+        one_trip = _one_trip(insert, paused_jobs, mine, scheduled, skipped, due, live, key)
+    return _Mark(
+        insert=insert,
+        paused_jobs=paused_jobs,
+        runs_of=select(executions.c.id, executions.c.job_name).where(
+            mine, scheduled, dialect.among(executions.c.job_name, "p_paused", String())
+        ),
+        skip=update(executions)
+        .where(mine, dialect.among(executions.c.id, "p_skip", executions.c.id.type))
+        .values({**skipped, executions.c.error: bindparam("p_error", type_=String())}),
+        state=select(*_key_state(key, due, live)),
+        ours=select(executions.c.id).where(mine),
+        one_trip=one_trip,
+    )
+
+
+def _paused_jobs(chunk: Any) -> Any:
     # The chunk's paused jobs: almost always none, and then no run of the chunk is read at all.
     # Whether any job at all is paused is read first, as the top entry of the index on
     # `paused`, a one-time gate over the rest: the planner is not trusted with it at a burst's
@@ -107,13 +134,12 @@ def _mark(dialect: Dialect, server_clock: bool) -> _Mark:
     paused_jobs = select(jobs.c.name, paused_reason(jobs.c.paused_reason).label("error")).where(
         any_paused == true(), jobs.c.paused == true(), jobs.c.name.in_(chunk_jobs)
     )
-    scheduled = executions.c.trigger.in_(SCHEDULED)
-    skipped = {
-        executions.c.status: Status.SKIPPED.value,
-        executions.c.finished_at: now,
-        executions.c.lease_until: now,
-        executions.c.start_key: None,  # never started: the marker is not its start
-    }
+    return paused_jobs
+
+
+def _key_state(key: Any, due: Any, live: Any) -> list[Any]:
+    """What is known of the start key: whether its slot is due, its leases live, its marker in,
+    by whom, and whether it was handed back."""
     holder = (
         select(start_markers.c.instance_id)
         .where(start_markers.c.start_key == key)
@@ -125,60 +151,57 @@ def _mark(dialect: Dialect, server_clock: bool) -> _Mark:
         .scalar_subquery()
     )
     marked = exists().where(start_markers.c.start_key == key)
-    state = [
+    return [
         due.label("due"),
         live.label("live"),
         marked.label("marked"),
         holder.label("holder"),
         handed.label("handed"),
     ]
-    one_trip = None
-    if dialect.modifying_cte:
-        # One round trip: insert the marker, record the paused jobs' runs SKIPPED if it went in,
-        # and say what was found, in one statement (its parts share one snapshot).
-        inserting = insert.returning(start_markers.c.start_key).cte("inserting")
-        paused = paused_jobs.cte("paused_jobs")  # read twice: computed once, first
-        skip = (
-            update(executions)
-            .where(
-                exists(select(paused.c.name)),  # a one-time test: none paused, nothing read
-                mine,
-                executions.c.job_name == paused.c.name,
-                scheduled,
-                exists(select(inserting.c.start_key)),
-            )
-            .values({**skipped, executions.c.error: paused.c.error})
-            .returning(executions.c.id, executions.c.error)
-            .cte("skipped")
+
+
+def _one_trip(
+    insert: Any,
+    paused_jobs: Any,
+    mine: Any,
+    scheduled: Any,
+    skipped: dict[Any, Any],
+    due: Any,
+    live: Any,
+    key: Any,
+) -> Any:
+    # One round trip: insert the marker, record the paused jobs' runs SKIPPED if it went in,
+    # and say what was found, in one statement (its parts share one snapshot).
+    inserting = insert.returning(start_markers.c.start_key).cte("inserting")
+    paused = paused_jobs.cte("paused_jobs")  # read twice: computed once, first
+    skip = (
+        update(executions)
+        .where(
+            exists(select(paused.c.name)),  # a one-time test: none paused, nothing read
+            mine,
+            executions.c.job_name == paused.c.name,
+            scheduled,
+            exists(select(inserting.c.start_key)),
         )
-        one = select(literal(1).label("one")).subquery("one")
-        inserted = select(func.count()).select_from(inserting).scalar_subquery()
-        # What was found of the key before this statement (its insert is not visible to it):
-        # one join, cheaper to plan than three subqueries, and planning is most of its cost.
-        found = start_markers.alias("found")
-        one_trip = select(
-            inserted.label("inserted"),
-            due.label("due"),
-            live.label("live"),
-            found.c.start_key.is_not(None).label("marked"),
-            found.c.instance_id.label("holder"),
-            found.c.handed_back.label("handed"),
-            skip.c.id,
-            skip.c.error,
-        ).select_from(one.outerjoin(found, found.c.start_key == key).outerjoin(skip, true()))
-    return _Mark(
-        insert=insert,
-        paused_jobs=paused_jobs,
-        runs_of=select(executions.c.id, executions.c.job_name).where(
-            mine, scheduled, dialect.among(executions.c.job_name, "p_paused", String())
-        ),
-        skip=update(executions)
-        .where(mine, dialect.among(executions.c.id, "p_skip", executions.c.id.type))
-        .values({**skipped, executions.c.error: bindparam("p_error", type_=String())}),
-        state=select(*state),
-        ours=select(executions.c.id).where(mine),
-        one_trip=one_trip,
+        .values({**skipped, executions.c.error: paused.c.error})
+        .returning(executions.c.id, executions.c.error)
+        .cte("skipped")
     )
+    one = select(literal(1).label("one")).subquery("one")
+    inserted = select(func.count()).select_from(inserting).scalar_subquery()
+    # What was found of the key before this statement (its insert is not visible to it):
+    # one join, cheaper to plan than three subqueries, and planning is most of its cost.
+    found = start_markers.alias("found")
+    return select(
+        inserted.label("inserted"),
+        due.label("due"),
+        live.label("live"),
+        found.c.start_key.is_not(None).label("marked"),
+        found.c.instance_id.label("holder"),
+        found.c.handed_back.label("handed"),
+        skip.c.id,
+        skip.c.error,
+    ).select_from(one.outerjoin(found, found.c.start_key == key).outerjoin(skip, true()))
 
 
 @dataclass

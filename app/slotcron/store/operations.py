@@ -6,6 +6,7 @@ a paused flag); none needs to reach an instance directly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -14,7 +15,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from slotcron.errors import MAX_QUEUED, NotFound, QueueFull, Refused
-from slotcron.jobs.schedules import check_params
+from slotcron.jobs.schedule_fields import check_params
 from slotcron.store.database import Database
 from slotcron.store.lifeline import announce_queued
 from slotcron.store.queue import queued_count
@@ -86,22 +87,7 @@ async def restart(db: Database, *, execution_id: int, now: datetime) -> Queued:
             )
         ).all()
         slot = f"{row.job_name} slot {row.scheduled_at.isoformat()}"
-        done = [a for a in attempts if a.status == "COMPLETED"]
-        if done:
-            raise Refused(
-                f"{slot} already COMPLETED (execution {done[0].id}); a completed slot never "
-                "runs again"
-            )
-        busy = [a for a in attempts if a.status in ("RUNNING", "QUEUED")]
-        if busy:
-            raise Refused(f"{slot} is already {busy[0].status} (execution {busy[0].id})")
-        if row.status not in RESTARTABLE:
-            raise Refused(
-                f"execution {execution_id} is {row.status}; only {', '.join(RESTARTABLE)} "
-                "executions can be restarted"
-            )
-        if not options.get("restartable", True):
-            raise Refused(f"job {row.job_name!r} is declared restartable=False")
+        _check_restartable(slot, row, attempts, options)
         latest = attempts[-1]
         await announce_queued(conn, db.dialect, now)
         try:
@@ -127,6 +113,28 @@ async def restart(db: Database, *, execution_id: int, now: datetime) -> Queued:
         latest.attempt + 1,
         "restart",
     )
+
+
+def _check_restartable(
+    slot: str, row: Any, attempts: Sequence[Any], options: dict[str, Any]
+) -> None:
+    """Refuse (:class:`Refused`) to restart execution ``row`` of a slot with these
+    ``attempts``: a COMPLETED slot, one RUNNING or QUEUED, or a job declared not restartable."""
+    done = [a for a in attempts if a.status == "COMPLETED"]
+    if done:
+        raise Refused(
+            f"{slot} already COMPLETED (execution {done[0].id}); a completed slot never runs again"
+        )
+    busy = [a for a in attempts if a.status in ("RUNNING", "QUEUED")]
+    if busy:
+        raise Refused(f"{slot} is already {busy[0].status} (execution {busy[0].id})")
+    if row.status not in RESTARTABLE:
+        raise Refused(
+            f"execution {row.id} is {row.status}; only {', '.join(RESTARTABLE)} "
+            "executions can be restarted"
+        )
+    if not options.get("restartable", True):
+        raise Refused(f"job {row.job_name!r} is declared restartable=False")
 
 
 async def trigger(db: Database, *, job: str, params: dict[str, Any], now: datetime) -> Queued:

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Integer, String, bindparam, func, select, tuple_, update
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from slotcron.status import Status
 from slotcron.store.claims import Claim
@@ -220,20 +221,7 @@ async def take_many(
             for row in holders:
                 out.held[by_job[row.job_name].execution_id] = row.lease_until
         go = [by_job[n] for n in locked if by_job[n].execution_id not in out.held]
-        groups: dict[int, list[int]] = {}
-        for item in go:
-            groups.setdefault(item.lease_ms, []).append(item.execution_id)
-        for lease_ms, ids in groups.items():
-            await conn.execute(
-                sql.start,
-                {
-                    "p_ids": ids,
-                    "p_instance": instance_id,
-                    "p_now": now,
-                    "p_lease_until": now + timedelta(milliseconds=lease_ms),
-                    "p_lease_ms": lease_ms,
-                },
-            )
+        await _start(conn, sql.start, go, instance_id=instance_id, now=now)
         if not go:
             return out
         rows = (
@@ -243,21 +231,44 @@ async def take_many(
         ).all()
         if rows:
             await conn.execute(sql.advance, {"p_names": [r.job_name for r in rows]})
-    out.claims = [
-        Claim(
-            execution_id=int(row.id),
-            job_name=row.job_name,
-            scheduled_at=row.scheduled_at,
-            trigger=row.trigger,
-            status=Status.RUNNING,
-            attempt=row.attempt,
-            lease_until=row.lease_until,
-            lease_ms=row.lease_ms,
-            params=dict(row.params or {}),
-            state=dict(row.state or {}),
-            fencing_token=int(row.fencing_token),
-            started=False,
-        )
-        for row in rows
-    ]
+    out.claims = [_taken_claim(row) for row in rows]
     return out
+
+
+async def _start(
+    conn: AsyncConnection, start: Any, go: list[Wanted], *, instance_id: str, now: datetime
+) -> None:
+    """Start the taken executions: one statement per lease length."""
+    groups: dict[int, list[int]] = {}
+    for item in go:
+        groups.setdefault(item.lease_ms, []).append(item.execution_id)
+    for lease_ms, ids in groups.items():
+        await conn.execute(
+            start,
+            {
+                "p_ids": ids,
+                "p_instance": instance_id,
+                "p_now": now,
+                "p_lease_until": now + timedelta(milliseconds=lease_ms),
+                "p_lease_ms": lease_ms,
+            },
+        )
+
+
+def _taken_claim(row: Any) -> Claim:
+    """The claim of a queued execution this instance took (its start is stamped before its
+    body: :mod:`slotcron.store.starts`)."""
+    return Claim(
+        execution_id=int(row.id),
+        job_name=row.job_name,
+        scheduled_at=row.scheduled_at,
+        trigger=row.trigger,
+        status=Status.RUNNING,
+        attempt=row.attempt,
+        lease_until=row.lease_until,
+        lease_ms=row.lease_ms,
+        params=dict(row.params or {}),
+        state=dict(row.state or {}),
+        fencing_token=int(row.fencing_token),
+        started=False,
+    )

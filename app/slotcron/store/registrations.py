@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -78,14 +78,7 @@ async def register_jobs(
         # is left alone): then every row exists and is locked before anything is decided, so
         # two instances starting together decide one after the other. Locking a missing key
         # would take a gap lock on MariaDB, and two such registrations would deadlock.
-        async with db.read() as conn:
-            known = set(
-                (
-                    await conn.execute(
-                        select(jobs.c.name).where(jobs.c.name.in_([row.name for row in chunk]))
-                    )
-                ).scalars()
-            )
+        known = await _known_names(db, [row.name for row in chunk])
         new = [
             _values(row, Registered(), {}, now=now, instance_id=instance_id, version=version)
             for row in chunk
@@ -95,65 +88,96 @@ async def register_jobs(
             async with db.transaction() as conn:
                 await conn.execute(db.dialect.upsert(jobs, new, keys=["name"], update=["name"]))
         async with db.transaction() as conn:
-            found = await conn.execute(
-                select(
-                    jobs.c.name,
-                    jobs.c.kind,
-                    jobs.c.schedule,
-                    jobs.c.timezone,
-                    jobs.c.next_slot_at,
-                    jobs.c.updated_by,
-                    jobs.c.version,
-                    jobs.c.schedules,
-                    jobs.c.fingerprint,
-                    jobs.c.superseded,
-                )
-                .where(jobs.c.name.in_(sorted(row.name for row in chunk)))
-                .order_by(jobs.c.name)
-                .with_for_update()
-            )
-            superseded: dict[str, dict[str, str]] = {}
-            for r in found:
-                registered.stored[r.name] = StoredJob(
-                    r.kind,
-                    r.schedule,
-                    r.timezone,
-                    r.next_slot_at,
-                    r.updated_by,
-                    r.version,
-                    dict(r.schedules or {}),
-                    r.fingerprint,
-                )
-                # Registering again ends this instance's supersession.
-                superseded[r.name] = {
-                    k: v for k, v in (r.superseded or {}).items() if k != instance_id
-                }
+            superseded = await _lock_stored(conn, chunk, registered, instance_id)
             values = [
                 _values(
                     row, registered, superseded, now=now, instance_id=instance_id, version=version
                 )
                 for row in chunk
             ]
-            stmt = db.dialect.upsert(
-                jobs,
-                values,
-                keys=["name"],
-                update=[
-                    "kind",
-                    "schedule",
-                    "timezone",
-                    "options",
-                    "updated_at",
-                    "updated_by",
-                    "version",
-                    "schedules",
-                    "next_slot_at",
-                    "fingerprint",
-                    "superseded",
-                ],
-            )
-            await conn.execute(stmt)
+            await conn.execute(db.dialect.upsert(jobs, values, keys=["name"], update=_REFRESHED))
     return registered
+
+
+_REFRESHED = [
+    "kind",
+    "schedule",
+    "timezone",
+    "options",
+    "updated_at",
+    "updated_by",
+    "version",
+    "schedules",
+    "next_slot_at",
+    "fingerprint",
+    "superseded",
+]
+"""What a registration rewrites of a known job's row."""
+
+
+async def _known_names(db: Database, names: list[str]) -> set[str]:
+    async with db.read() as conn:
+        return set(
+            (await conn.execute(select(jobs.c.name).where(jobs.c.name.in_(names)))).scalars()
+        )
+
+
+async def _lock_stored(
+    conn: Any, chunk: Sequence[JobRow], registered: Registered, instance_id: str
+) -> dict[str, dict[str, str]]:
+    """Lock the chunk's rows (in name order) and keep each as it was in ``registered.stored``;
+    return each job's ``superseded`` without this instance (registering again ends its
+    supersession)."""
+    found = await conn.execute(
+        select(
+            jobs.c.name,
+            jobs.c.kind,
+            jobs.c.schedule,
+            jobs.c.timezone,
+            jobs.c.next_slot_at,
+            jobs.c.updated_by,
+            jobs.c.version,
+            jobs.c.schedules,
+            jobs.c.fingerprint,
+            jobs.c.superseded,
+        )
+        .where(jobs.c.name.in_(sorted(row.name for row in chunk)))
+        .order_by(jobs.c.name)
+        .with_for_update()
+    )
+    superseded: dict[str, dict[str, str]] = {}
+    for r in found:
+        registered.stored[r.name] = StoredJob(
+            r.kind,
+            r.schedule,
+            r.timezone,
+            r.next_slot_at,
+            r.updated_by,
+            r.version,
+            dict(r.schedules or {}),
+            r.fingerprint,
+        )
+        superseded[r.name] = {k: v for k, v in (r.superseded or {}).items() if k != instance_id}
+    return superseded
+
+
+async def mark_superseded(
+    db: Database, names: list[str], *, instance_id: str, schedules: Mapping[str, str]
+) -> None:
+    """Write into each job row's ``superseded`` that this instance (whose schedule of the job
+    is ``schedules[name]``) stopped firing it: a newer registration's schedule is in force."""
+    async with db.transaction() as conn:
+        rows = await conn.execute(
+            select(jobs.c.name, jobs.c.superseded)
+            .where(jobs.c.name.in_(names))
+            .order_by(jobs.c.name)
+            .with_for_update()
+        )
+        for row in rows.all():
+            marked = {**(row.superseded or {}), instance_id: schedules.get(row.name, "?")}
+            await conn.execute(
+                update(jobs).where(jobs.c.name == row.name).values(superseded=marked)
+            )
 
 
 def _values(

@@ -268,10 +268,7 @@ async def renew(
     Still one statement per lease length: the ids are one list parameter (one array on
     PostgreSQL).
     """
-    beat = update(instances).where(instances.c.instance_id == instance_id)
-    if incarnation is not None:
-        beat = beat.where(instances.c.incarnation == incarnation)
-    beat = beat.values(heartbeat_at=now, state=instance_state)
+    beat = _heartbeat(instance_id, incarnation, now=now, state=instance_state)
     if not lease_counts:  # idle: the instance row alone
         async with db.alone(write=True) as conn:
             beaten = (await conn.execute(beat)).rowcount
@@ -281,16 +278,8 @@ async def renew(
     complete = True
     # Only leases still live are extended (judged by the database's clock): a lapsed lease is
     # never revived, since another instance may already have judged its run ABANDONED.
-    params: dict[str, Any] = {"p_now": now}
-    if ours is None:
-        mine = [executions.c.instance_id == instance_id, executions.c.status == "RUNNING"]
-    else:  # found by key: the instance and the status only guard them
-        mine = [
-            runs_among(db.dialect, "p_ours"),
-            guard(executions.c.instance_id) == instance_id,
-            guard(executions.c.status) == "RUNNING",
-        ]
-        params.update(run_keys(db.dialect, "p_ours", ours))
+    mine, params = _running(db, instance_id, ours)
+    params["p_now"] = now
     async with db.transaction() as conn:
         for lease_ms, expected in lease_counts.items():
             result = await conn.execute(
@@ -313,3 +302,27 @@ async def renew(
             select(executions.c.id).where(*mine, executions.c.heartbeat_at == now), params
         )
         return {int(r.id) for r in rows}
+
+
+def _heartbeat(instance_id: str, incarnation: str | None, *, now: datetime, state: str) -> Any:
+    """The instance row's heartbeat (of this incarnation only, when given)."""
+    beat = update(instances).where(instances.c.instance_id == instance_id)
+    if incarnation is not None:
+        beat = beat.where(instances.c.incarnation == incarnation)
+    return beat.values(heartbeat_at=now, state=state)
+
+
+def _running(
+    db: Database, instance_id: str, ours: Collection[RunKey] | None
+) -> tuple[list[Any], dict[str, Any]]:
+    """What selects this instance's running executions (``ours`` only, when given), and the
+    parameters it binds."""
+    if ours is None:
+        return [executions.c.instance_id == instance_id, executions.c.status == "RUNNING"], {}
+    # Found by key: the instance and the status only guard them.
+    mine = [
+        runs_among(db.dialect, "p_ours"),
+        guard(executions.c.instance_id) == instance_id,
+        guard(executions.c.status) == "RUNNING",
+    ]
+    return mine, dict(run_keys(db.dialect, "p_ours", ours))

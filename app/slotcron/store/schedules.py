@@ -18,7 +18,6 @@ finds it before it is due.
 
 from __future__ import annotations
 
-import functools
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,11 +25,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import bindparam, delete, insert, select
+from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
 from slotcron.errors import InvalidJobError, NotFound, Refused
 from slotcron.jobs.registry import REGISTRY, Job, Registry
+from slotcron.jobs.schedule_rows import read_row
 from slotcron.jobs.schedules import (
     IdTaken,
     ScheduleRecord,
@@ -38,12 +38,12 @@ from slotcron.jobs.schedules import (
     TaskInfo,
     changed_spec,
     new_spec,
-    read_row,
 )
-from slotcron.records import iso
 from slotcron.store.database import Database
 from slotcron.store.queue import settle_queued
-from slotcron.store.tables import as_stored, changes, executions, jobs, tasks
+from slotcron.store.schedule_inserts import PAGES, insert_row, insert_rows, taken_ids
+from slotcron.store.tables import SCHEDULE_COLUMNS, changes, executions, jobs, tasks
+from slotcron.text import iso
 
 CHANNEL = "slotcron_schedules"
 CHANGES_ROW = "schedules"
@@ -56,20 +56,7 @@ CHUNK = 1000
 parameters (asyncpg's 32,767; SQLite's 32,766)."""
 
 
-_COLUMNS = (
-    jobs.c.name,
-    jobs.c.task,
-    jobs.c.kind,
-    jobs.c.schedule,
-    jobs.c.timezone,
-    as_stored(jobs.c.params),
-    as_stored(jobs.c.options),
-    jobs.c.jitter,
-    jobs.c.paused,
-    jobs.c.registered_at,
-    jobs.c.updated_at,
-    jobs.c.next_slot_at,
-)
+_COLUMNS = (*SCHEDULE_COLUMNS, jobs.c.registered_at)
 
 
 def _record(row: Any) -> ScheduleRecord:
@@ -206,11 +193,12 @@ async def add_many(
     by: str,
 ) -> list[ScheduleRecord]:
     """Store many schedules in one transaction, all or none, one multi-row INSERT per page
-    (:data:`PAGES`). An id given twice in ``specs`` refuses the whole batch with
-    :class:`InvalidJobError` naming it; an id already taken by a job or a schedule, with
-    :class:`IdTaken` (a conflict: exit 1, HTTP 409), whose message holds no other row's data
-    (the driver's error, which does, goes no further). ``tasks`` gives each task's options,
-    stored with its schedules for what reads them without the code (the leader)."""
+    (:data:`slotcron.store.schedule_inserts.PAGES`). An id given twice in ``specs`` refuses the
+    whole batch with :class:`InvalidJobError` naming it; an id already taken by a job or a
+    schedule, with :class:`IdTaken` (a conflict: exit 1, HTTP 409), whose message holds no
+    other row's data (the driver's error, which does, goes no further). ``tasks`` gives each
+    task's options, stored with its schedules for what reads them without the code (the
+    leader)."""
     seen: set[str] = set()
     for spec in specs:
         if spec.id in seen:
@@ -224,125 +212,17 @@ async def add_many(
     try:
         async with db.alone(write=True) if alone else db.transaction() as conn:
             mark = version_mark()
-            await _insert(conn, [_row(r, tasks[r.spec.task], by, mark) for r in records])
+            await insert_rows(conn, [insert_row(r, tasks[r.spec.task], by, mark) for r in records])
             earliest = min((r.next_slot for r in records if r.next_slot is not None), default=None)
             if _soon(earliest, now):
                 await _announce(db, conn, f"add {iso(earliest)}", now)
     except IntegrityError:
-        taken = await _taken([s.id for s in specs], db)
+        taken = await taken_ids(db, [s.id for s in specs])
         if not taken:  # taken, then freed again before we looked: a lost race all the same
             who = specs[0].id if len(specs) == 1 else f"{specs[0].id} (of {len(specs)})"
             raise IdTaken(who, "taken by a concurrent write; try again") from None
         raise IdTaken(taken[0], "already taken by a job or a schedule") from None
     return records
-
-
-_INSERTED = (
-    jobs.c.name,
-    jobs.c.task,
-    jobs.c.kind,
-    jobs.c.schedule,
-    jobs.c.timezone,
-    jobs.c.options,
-    jobs.c.params,
-    jobs.c.jitter,
-    jobs.c.paused,
-    jobs.c.next_slot_at,
-    jobs.c.registered_at,
-    jobs.c.updated_at,
-    jobs.c.updated_by,
-    jobs.c.fencing_token,
-    jobs.c.fingerprint,
-)
-"""The columns a new schedule sets; the others keep their defaults (NULL)."""
-PAGES = (256, 64, 16, 4, 1)
-"""The sizes of multi-row INSERT used: a batch is cut into these, so a process compiles at most
-five statements, each once (compiling costs by the row: a 1,000-row page cost a batch's client
-more than the 4 times as many round trips of 256-row pages)."""
-
-
-def _row(record: ScheduleRecord, task: TaskInfo, by: str, mark: str) -> tuple[Any, ...]:
-    spec = record.spec
-    return (
-        spec.id,
-        spec.task,
-        spec.kind,
-        spec.expression,
-        spec.timezone,
-        task.options,
-        spec.params,
-        spec.jitter,
-        spec.paused,
-        record.next_slot,
-        record.created_at,
-        record.updated_at,
-        by,
-        0,
-        mark,
-    )
-
-
-async def _insert(conn: Any, rows: Sequence[tuple[Any, ...]]) -> None:
-    """One multi-row INSERT per page of rows. The statement of each page size is compiled once
-    (SQLAlchemy compiles a ``.values()`` list anew each time, and its per-row machinery costs
-    more than the database's insert); values still pass through each column type's own
-    processor (UTC timestamps, JSON), so every dialect gets what it expects."""
-    dialect = conn.dialect
-    start = 0
-    while start < len(rows):
-        size = next(p for p in PAGES if p <= len(rows) - start)
-        sql, order, processors = _page(dialect, size)
-        flat: list[Any] = []
-        # Rows of a batch share many values (the task's options, the timestamps, the next
-        # slot of a zone): each distinct object is processed once, not once a row.
-        last: list[tuple[Any, Any]] = [(_NOTHING, None)] * len(processors)
-        for row in rows[start : start + size]:
-            for column, value in enumerate(row):
-                process = processors[column]
-                if process is None:
-                    flat.append(value)
-                    continue
-                seen, done = last[column]
-                if value is not seen:
-                    done = process(value)
-                    last[column] = (value, done)
-                flat.append(done)
-        await conn.exec_driver_sql(sql, flat if order is None else tuple(flat[i] for i in order))
-        start += size
-
-
-_NOTHING = object()
-
-
-@functools.lru_cache(maxsize=32)
-def _page(dialect: Any, size: int) -> tuple[str, tuple[int, ...] | None, tuple[Any, ...]]:
-    """The SQL of an INSERT of ``size`` rows for ``dialect``; where its parameters go in the
-    row-major list of values (None: in that order); and each column's bind processor."""
-    width = len(_INSERTED)
-    statement = insert(jobs).values(
-        [
-            {c.name: bindparam(f"r{number}_{i}", type_=c.type) for i, c in enumerate(_INSERTED)}
-            for number in range(size)
-        ]
-    )
-    compiled = statement.compile(dialect=dialect)
-    order = tuple(
-        int(number) * width + int(i)
-        for number, i in (name[1:].split("_") for name in compiled.positiontup or ())
-    )
-    processors = tuple(c.type.dialect_impl(dialect).bind_processor(dialect) for c in _INSERTED)
-    return compiled.string, None if order == tuple(range(size * width)) else order, processors
-
-
-async def _taken(ids: Sequence[str], db: Database) -> list[str]:
-    taken: set[str] = set()
-    for start in range(0, len(ids), CHUNK):
-        async with db.read() as conn:
-            rows = await conn.execute(
-                select(jobs.c.name).where(jobs.c.name.in_(ids[start : start + CHUNK]))
-            )
-            taken.update(r.name for r in rows)
-    return [i for i in ids if i in taken]
 
 
 async def update(

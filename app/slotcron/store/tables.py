@@ -194,6 +194,23 @@ def as_stored(column: Column[Any]) -> ColumnElement[str]:
     return cast(column, Text()).label(column.name)
 
 
+SCHEDULE_COLUMNS = (
+    jobs.c.name,
+    jobs.c.task,
+    jobs.c.kind,
+    jobs.c.schedule,
+    jobs.c.timezone,
+    as_stored(jobs.c.params),
+    as_stored(jobs.c.options),
+    jobs.c.jitter,
+    jobs.c.paused,
+    jobs.c.updated_at,
+    jobs.c.next_slot_at,
+)
+"""A runtime schedule's row as :func:`slotcron.jobs.schedule_rows.read_row` reads it, its JSON as
+stored text: each row is read on its own, so one that cannot be read is quarantined alone."""
+
+
 # The start of a chunk of runs claimed ahead of their slot (slotcron.store.starts): one row written
 # at the slot stands for every run of the chunk, instead of one write per run. Its key is
 # inserted once: by the instance starting the chunk, or by the leader handing it back

@@ -29,6 +29,12 @@ ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
 def upgrade() -> None:
+    _create_jobs()
+    _create_executions()
+    _create_instances_and_leader()
+
+
+def _create_jobs() -> None:
     op.create_table(
         "scheduler_jobs",
         sa.Column("name", sa.String(200), primary_key=True),
@@ -47,6 +53,9 @@ def upgrade() -> None:
         sa.Column("schedules", sa.JSON(), nullable=True),
     )
     op.create_index("ix_scheduler_jobs_next_slot", "scheduler_jobs", ["next_slot_at"])
+
+
+def _create_executions() -> None:
     op.create_table(
         "scheduler_executions",
         sa.Column("id", ID, primary_key=True, autoincrement=True),
@@ -80,6 +89,9 @@ def upgrade() -> None:
     )
     op.create_index("ix_scheduler_executions_job_id", "scheduler_executions", ["job_name", "id"])
     op.create_index("ix_scheduler_executions_created", "scheduler_executions", ["created_at"])
+
+
+def _create_instances_and_leader() -> None:
     op.create_table(
         "scheduler_instances",
         sa.Column("instance_id", sa.String(200), primary_key=True),
