@@ -39,6 +39,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 ROOT = Path(__file__).resolve().parents[1]
+PYTHONPATH = os.pathsep.join([str(ROOT), str(ROOT / "app")])
+"""The checkout's own package first (``app/slotcron``, and ``bench``): a benchmark measures the
+tree it is in, not whichever slotcron is installed."""
 sys.path.insert(0, str(ROOT))
 
 from tests import backends  # noqa: E402
@@ -119,7 +122,7 @@ class System:
         out, log = self.workdir / f"{name}.starts", self.workdir / f"{name}.log"
         ready_path = self.workdir / f"{name}.ready" if ready else None
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDULER_")}
-        full_env.update(env, PYTHONPATH=str(ROOT))
+        full_env.update(env, PYTHONPATH=PYTHONPATH)
         with log.open("wb") as sink:
             popen = subprocess.Popen(
                 argv, cwd=ROOT, env=full_env, stdout=sink, stderr=subprocess.STDOUT
@@ -162,7 +165,7 @@ class Slotcron(System):
         subprocess.run(
             [sys.executable, "-m", "slotcron", "migrate"],
             cwd=ROOT,
-            env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+            env={**os.environ, **env, "PYTHONPATH": PYTHONPATH},
             check=True,
             capture_output=True,
         )

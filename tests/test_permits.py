@@ -4,8 +4,10 @@ claimed ahead of their slot hold ahead permits, not run permits (issue 26, item 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
+from slotcron.engine.firing import Firing
 from slotcron.engine.permits import Permits, RunPermits
 
 
@@ -63,3 +65,84 @@ async def test_runs_claimed_ahead_take_no_run_permit_until_their_slot() -> None:
     with pytest.raises(TimeoutError):  # and the burst claims no more ahead meanwhile
         async with asyncio.timeout(0.05):
             await permits.ahead.take_up_to(1)
+
+
+# --- The start gate of a run claimed ahead (Firing._gate) -------------------------------------
+
+
+def _gate(permits: Permits, start: asyncio.Future[bool], slow: object, held: list[bool]) -> object:
+    return Firing._gate(SimpleNamespace(permits=permits), start, slow, held)  # type: ignore[arg-type]
+
+
+async def test_a_run_permit_free_at_the_slot_opens_the_gate_at_once_with_no_wait() -> None:
+    permits = Permits(2)
+    assert await permits.ahead.take_up_to(1) == 1
+    start: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    held = [False]
+
+    async def must_not_wait() -> bool:
+        raise AssertionError("a free permit is taken without waiting")
+
+    gate = _gate(permits, start, must_not_wait, held)
+    start.set_result(True)
+    await asyncio.sleep(0)
+    assert gate.result() is True  # type: ignore[attr-defined]
+    assert held == [True]
+    assert (permits.run.free, permits.ahead.free) == (1, 2)  # run permit held, ahead one back
+
+
+async def test_with_no_run_permit_free_the_gate_waits_for_one() -> None:
+    permits = Permits(1)
+    await permits.ahead.take_up_to(1)
+    await permits.run.take()  # every run permit in use
+    start: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    held = [False]
+
+    async def take_run_permit() -> bool:
+        try:
+            await permits.run.take()
+            held[0] = True
+            return True
+        finally:
+            permits.ahead.give_back()
+
+    gate = _gate(permits, start, take_run_permit, held)
+    start.set_result(True)
+    await asyncio.sleep(0.01)
+    assert not gate.done()  # type: ignore[attr-defined]
+    permits.run.give_back()
+    assert await asyncio.wait_for(gate, 2) is True  # type: ignore[arg-type]
+    assert held == [True] and permits.ahead.free == 1
+
+
+async def test_a_cancelled_gate_cancels_its_kickoff_and_gives_the_ahead_permit_back() -> None:
+    permits = Permits(1)
+    await permits.ahead.take_up_to(1)
+    start: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    held = [False]
+
+    async def must_not_wait() -> bool:
+        raise AssertionError("never reached")
+
+    gate = _gate(permits, start, must_not_wait, held)
+    gate.cancel()  # type: ignore[attr-defined]
+    for _ in range(3):  # the gate's callback cancels the kick-off, whose callback settles
+        await asyncio.sleep(0)
+    assert start.cancelled()  # the kick-off leaves this run out of its marker
+    assert held == [False] and (permits.run.free, permits.ahead.free) == (1, 1)
+
+
+async def test_a_kickoff_that_says_no_gives_the_ahead_permit_back_and_takes_no_run_permit() -> None:
+    permits = Permits(1)
+    await permits.ahead.take_up_to(1)
+    start: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    held = [False]
+
+    async def must_not_wait() -> bool:
+        raise AssertionError("never reached")
+
+    gate = _gate(permits, start, must_not_wait, held)
+    start.set_result(False)  # paused, handed back, no longer ours
+    await asyncio.sleep(0)
+    assert gate.result() is False  # type: ignore[attr-defined]
+    assert held == [False] and (permits.run.free, permits.ahead.free) == (1, 1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -208,18 +208,11 @@ class Firing(LateSlots):
             finally:
                 self.permits.ahead.give_back()
 
-        async def at_slot() -> bool:
-            assert start is not None
-            if not await start:
-                self.permits.ahead.give_back()
-                return False
-            return await take_run_permit()
-
         async def run() -> None:
             try:
                 gate = start
                 if ahead and start is not None:
-                    gate = asyncio.ensure_future(at_slot())
+                    gate = self._gate(start, take_run_permit, held)
                 elif ahead and not await take_run_permit():
                     return
                 on_time = claim if gate is not None else await self.on_time(job, claim, give_up_at)
@@ -233,10 +226,48 @@ class Firing(LateSlots):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _gate(
+        self,
+        start: asyncio.Future[bool],
+        take_run_permit: Callable[[], Coroutine[Any, Any, bool]],
+        held: list[bool],
+    ) -> asyncio.Future[bool]:
+        """The start gate of a run claimed ahead: its kick-off's answer, once a run permit is
+        taken for it at its slot. A permit free at the slot (the common case) is taken in a
+        callback, with no task: at the slot every microsecond is every body's start lag (a task
+        and a timer per run cost a burst of 10,000 about 200 ms). A gate cancelled (the run
+        handed back or stopped) cancels its kick-off's future, as awaiting it would."""
+        gate: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        slow: list[asyncio.Future[bool]] = []
+
+        def settle(done: asyncio.Future[bool]) -> None:
+            if gate.done() or done.cancelled() or done.exception() or not done.result():
+                self.permits.ahead.give_back()
+                _copy(done, gate)
+            elif self.permits.run.try_take():
+                held[0] = True
+                self.permits.ahead.give_back()
+                gate.set_result(True)
+            else:  # no permit free: wait for one, the most urgent first
+                slow.append(asyncio.ensure_future(take_run_permit()))
+                slow[0].add_done_callback(lambda taken: _copy(taken, gate))
+
+        def cancelled(_gate: asyncio.Future[bool]) -> None:
+            if gate.cancelled():
+                start.cancel()
+                for waiting in slow:
+                    waiting.cancel()
+
+        start.add_done_callback(settle)
+        gate.add_done_callback(cancelled)
+        return gate
+
     async def _run_permit(self, job: Job, claim: Claim, give_up_at: datetime) -> bool:
         """A run permit for a run claimed ahead whose slot has come, the most urgent first;
         False when the instance had no capacity for it before its grace ended (a ``skip`` job:
         recorded MISSED, saying so; ``once`` and ``all`` wait on: the slot runs late)."""
+        if self.permits.run.try_take():
+            return True
         deadline = give_up_at.timestamp()
         if job.misfire != "skip":
             await self.permits.run.take(deadline)
@@ -307,3 +338,15 @@ class Firing(LateSlots):
             for task in pending:
                 if task in self._claiming:
                     task.cancel()
+
+
+def _copy(source: asyncio.Future[bool], target: asyncio.Future[bool]) -> None:
+    """Settle ``target`` as ``source`` settled, unless it already is."""
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif (error := source.exception()) is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(source.result())

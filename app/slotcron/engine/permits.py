@@ -57,6 +57,13 @@ class RunPermits:
                 waiter.cancel()  # left in the heap, skipped when reached
             raise
 
+    def try_take(self) -> bool:
+        """One permit if one is free now, without waiting (a free permit means nobody waits)."""
+        if self._free > 0:
+            self._free -= 1
+            return True
+        return False
+
     async def take_up_to(self, wanted: int, deadline: float = math.inf) -> int:
         """Wait for one permit, then take as many more as are free at once, up to ``wanted``;
         return how many were taken."""
@@ -85,25 +92,13 @@ class RunPermits:
             self.give_back()
 
 
-class AheadPermits:
-    """``capacity`` permits for runs claimed ahead of their slot, first come first served."""
-
-    def __init__(self, capacity: int) -> None:
-        self._semaphore = asyncio.Semaphore(capacity)
+class AheadPermits(RunPermits):
+    """``capacity`` permits for runs claimed ahead of their slot, first come first served (a
+    wave takes as many as are free in one step, not one await each)."""
 
     async def take_up_to(self, wanted: int, deadline: float = math.inf) -> int:
-        """Wait for one permit, then take as many more as are free at once, up to ``wanted``
-        (``deadline``: unused, for the same signature as :meth:`RunPermits.take_up_to`)."""
-        await self._semaphore.acquire()
-        taken = 1
-        while taken < wanted and not self._semaphore.locked():
-            await self._semaphore.acquire()  # free: returns at once
-            taken += 1
-        return taken
-
-    def give_back(self, permits: int = 1) -> None:
-        for _ in range(permits):
-            self._semaphore.release()
+        """As :meth:`RunPermits.take_up_to`, in arrival order (``deadline`` is not used)."""
+        return await super().take_up_to(wanted)
 
 
 Tokens = RunPermits | AheadPermits
