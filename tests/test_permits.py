@@ -4,6 +4,8 @@ claimed ahead of their slot hold ahead permits, not run permits (issue 26, item 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pytest
@@ -67,82 +69,103 @@ async def test_runs_claimed_ahead_take_no_run_permit_until_their_slot() -> None:
             await permits.ahead.take_up_to(1)
 
 
-# --- The start gate of a run claimed ahead (Firing._gate) -------------------------------------
+# --- A run claimed ahead takes its run permit at its slot (Firing.start_run) -----------------
 
 
-def _gate(permits: Permits, start: asyncio.Future[bool], slow: object, held: list[bool]) -> object:
-    return Firing._gate(SimpleNamespace(permits=permits), start, slow, held)  # type: ignore[arg-type]
+class _Runner:
+    """Runs as the real runner does up to the body: awaits the kick-off, then ``admit``."""
+
+    def __init__(self) -> None:
+        self.admitted: list[bool] = []
+        self.release = asyncio.Event()
+
+    async def run(
+        self, job: object, claim: object, start: asyncio.Future[bool], admit: object
+    ) -> str | None:
+        if not await start:
+            return None
+        self.admitted.append(await admit())  # type: ignore[operator]
+        await self.release.wait()  # the body
+        return "COMPLETED"
 
 
-async def test_a_run_permit_free_at_the_slot_opens_the_gate_at_once_with_no_wait() -> None:
+def _firing(permits: Permits, slow_answer: bool | None = None) -> SimpleNamespace:
+    async def run_permit(job: object, claim: object, give_up_at: datetime) -> bool:
+        if slow_answer is None:
+            raise AssertionError("a free run permit is taken without waiting")
+        await permits.run.take()
+        return slow_answer
+
+    return SimpleNamespace(permits=permits, runner=_Runner(), _tasks=set(), _run_permit=run_permit)
+
+
+def _start_ahead(firing: SimpleNamespace, start: asyncio.Future[bool]) -> asyncio.Task[None]:
+    job = SimpleNamespace(name="ahead")
+    Firing.start_run(firing, job, object(), datetime.now(UTC), start, ahead=True)  # type: ignore[arg-type]
+    (task,) = firing._tasks
+    return task  # type: ignore[no-any-return]
+
+
+async def test_at_its_slot_a_run_claimed_ahead_trades_its_ahead_permit_for_a_run_permit() -> None:
     permits = Permits(2)
-    assert await permits.ahead.take_up_to(1) == 1
+    await permits.ahead.take_up_to(1)
+    firing = _firing(permits)
     start: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-    held = [False]
-
-    async def must_not_wait() -> bool:
-        raise AssertionError("a free permit is taken without waiting")
-
-    gate = _gate(permits, start, must_not_wait, held)
-    start.set_result(True)
+    task = _start_ahead(firing, start)
     await asyncio.sleep(0)
-    assert gate.result() is True  # type: ignore[attr-defined]
-    assert held == [True]
-    assert (permits.run.free, permits.ahead.free) == (1, 2)  # run permit held, ahead one back
+    assert (permits.run.free, permits.ahead.free) == (2, 1)  # before its slot: ahead only
+    start.set_result(True)
+    await wait_until(lambda: firing.runner.admitted == [True])
+    assert (permits.run.free, permits.ahead.free) == (1, 2)  # its body holds a run permit
+    firing.runner.release.set()
+    await asyncio.wait_for(task, 2)
+    assert (permits.run.free, permits.ahead.free) == (2, 2)
 
 
-async def test_with_no_run_permit_free_the_gate_waits_for_one() -> None:
+async def test_with_no_run_permit_free_at_its_slot_a_run_waits_for_one() -> None:
     permits = Permits(1)
     await permits.ahead.take_up_to(1)
     await permits.run.take()  # every run permit in use
+    firing = _firing(permits, slow_answer=True)
     start: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-    held = [False]
-
-    async def take_run_permit() -> bool:
-        try:
-            await permits.run.take()
-            held[0] = True
-            return True
-        finally:
-            permits.ahead.give_back()
-
-    gate = _gate(permits, start, take_run_permit, held)
+    task = _start_ahead(firing, start)
     start.set_result(True)
     await asyncio.sleep(0.01)
-    assert not gate.done()  # type: ignore[attr-defined]
+    assert firing.runner.admitted == []
     permits.run.give_back()
-    assert await asyncio.wait_for(gate, 2) is True  # type: ignore[arg-type]
-    assert held == [True] and permits.ahead.free == 1
-
-
-async def test_a_cancelled_gate_cancels_its_kickoff_and_gives_the_ahead_permit_back() -> None:
-    permits = Permits(1)
-    await permits.ahead.take_up_to(1)
-    start: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-    held = [False]
-
-    async def must_not_wait() -> bool:
-        raise AssertionError("never reached")
-
-    gate = _gate(permits, start, must_not_wait, held)
-    gate.cancel()  # type: ignore[attr-defined]
-    for _ in range(3):  # the gate's callback cancels the kick-off, whose callback settles
-        await asyncio.sleep(0)
-    assert start.cancelled()  # the kick-off leaves this run out of its marker
-    assert held == [False] and (permits.run.free, permits.ahead.free) == (1, 1)
+    await wait_until(lambda: firing.runner.admitted == [True])
+    firing.runner.release.set()
+    await asyncio.wait_for(task, 2)
+    assert (permits.run.free, permits.ahead.free) == (1, 1)
 
 
 async def test_a_kickoff_that_says_no_gives_the_ahead_permit_back_and_takes_no_run_permit() -> None:
     permits = Permits(1)
     await permits.ahead.take_up_to(1)
+    firing = _firing(permits)
     start: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-    held = [False]
-
-    async def must_not_wait() -> bool:
-        raise AssertionError("never reached")
-
-    gate = _gate(permits, start, must_not_wait, held)
+    task = _start_ahead(firing, start)
     start.set_result(False)  # paused, handed back, no longer ours
+    await asyncio.wait_for(task, 2)
+    assert firing.runner.admitted == []
+    assert (permits.run.free, permits.ahead.free) == (1, 1)
+
+
+async def test_a_run_stopped_before_its_slot_gives_its_ahead_permit_back() -> None:
+    permits = Permits(1)
+    await permits.ahead.take_up_to(1)
+    firing = _firing(permits)
+    start: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    task = _start_ahead(firing, start)
     await asyncio.sleep(0)
-    assert gate.result() is False  # type: ignore[attr-defined]
-    assert held == [False] and (permits.run.free, permits.ahead.free) == (1, 1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 2)
+    assert start.cancelled()  # the kick-off leaves it out of its marker
+    assert (permits.run.free, permits.ahead.free) == (1, 1)
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 2.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110 - a test polling plain state
+            await asyncio.sleep(0.001)

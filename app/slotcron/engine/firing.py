@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -194,80 +194,47 @@ class Firing(LateSlots):
         (its slot's grace) a claim is late: see :meth:`on_time`.
 
         ``ahead``: the permit taken is an ahead permit (:class:`slotcron.engine.permits.Permits`):
-        the run
-        takes a run permit once its slot has come (the most urgent first), and gives the ahead
-        permit back then."""
-        held: list[bool] = [not ahead]  # whether this run holds a run permit
+        the run takes a run permit once its slot has come (the most urgent first), and gives
+        the ahead permit back then."""
+        held = [not ahead]  # whether this run holds a run permit
+        ahead_held = [ahead]  # whether it still holds its ahead permit
 
-        async def take_run_permit() -> bool:
+        async def admit() -> bool:
+            """At the slot: a run permit (in this run's task, with no wait when one is free:
+            a future or task more per run cost a burst of 1,000 runs 10 ms of start lag), and
+            the ahead permit given back."""
             try:
-                if not await self._run_permit(job, claim, give_up_at):
-                    return False
-                held[0] = True
-                return True
+                taken = self.permits.run.try_take()
+                if not taken:
+                    taken = await self._run_permit(job, claim, give_up_at)
+                held[0] = taken
+                return taken
             finally:
+                ahead_held[0] = False
                 self.permits.ahead.give_back()
 
         async def run() -> None:
             try:
-                gate = start
-                if ahead and start is not None:
-                    gate = self._gate(start, take_run_permit, held)
-                elif ahead and not await take_run_permit():
+                if ahead and start is None and not await admit():
                     return
-                on_time = claim if gate is not None else await self.on_time(job, claim, give_up_at)
+                gate_admit = admit if ahead and start is not None else None
+                on_time = claim if start is not None else await self.on_time(job, claim, give_up_at)
                 if on_time is not None:
-                    await self.runner.run(job, on_time, gate)
+                    await self.runner.run(job, on_time, start, gate_admit)
             finally:
                 if held[0]:
                     self.permits.give_back()
+                if ahead_held[0]:  # its kick-off said no, or it was cancelled before its slot
+                    self.permits.ahead.give_back()
 
         task = asyncio.create_task(run(), name=f"slotcron-{job.name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _gate(
-        self,
-        start: asyncio.Future[bool],
-        take_run_permit: Callable[[], Coroutine[Any, Any, bool]],
-        held: list[bool],
-    ) -> asyncio.Future[bool]:
-        """The start gate of a run claimed ahead: its kick-off's answer, once a run permit is
-        taken for it at its slot. A permit free at the slot (the common case) is taken in a
-        callback, with no task: at the slot every microsecond is every body's start lag (a task
-        and a timer per run cost a burst of 10,000 about 200 ms). A gate cancelled (the run
-        handed back or stopped) cancels its kick-off's future, as awaiting it would."""
-        gate: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        slow: list[asyncio.Future[bool]] = []
-
-        def settle(done: asyncio.Future[bool]) -> None:
-            if gate.done() or done.cancelled() or done.exception() or not done.result():
-                self.permits.ahead.give_back()
-                _copy(done, gate)
-            elif self.permits.run.try_take():
-                held[0] = True
-                self.permits.ahead.give_back()
-                gate.set_result(True)
-            else:  # no permit free: wait for one, the most urgent first
-                slow.append(asyncio.ensure_future(take_run_permit()))
-                slow[0].add_done_callback(lambda taken: _copy(taken, gate))
-
-        def cancelled(_gate: asyncio.Future[bool]) -> None:
-            if gate.cancelled():
-                start.cancel()
-                for waiting in slow:
-                    waiting.cancel()
-
-        start.add_done_callback(settle)
-        gate.add_done_callback(cancelled)
-        return gate
-
     async def _run_permit(self, job: Job, claim: Claim, give_up_at: datetime) -> bool:
         """A run permit for a run claimed ahead whose slot has come, the most urgent first;
         False when the instance had no capacity for it before its grace ended (a ``skip`` job:
         recorded MISSED, saying so; ``once`` and ``all`` wait on: the slot runs late)."""
-        if self.permits.run.try_take():
-            return True
         deadline = give_up_at.timestamp()
         if job.misfire != "skip":
             await self.permits.run.take(deadline)
@@ -338,15 +305,3 @@ class Firing(LateSlots):
             for task in pending:
                 if task in self._claiming:
                     task.cancel()
-
-
-def _copy(source: asyncio.Future[bool], target: asyncio.Future[bool]) -> None:
-    """Settle ``target`` as ``source`` settled, unless it already is."""
-    if target.done():
-        return
-    if source.cancelled():
-        target.cancel()
-    elif (error := source.exception()) is not None:
-        target.set_exception(error)
-    else:
-        target.set_result(source.result())

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import random
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 from slotcron.engine.kickoff import Kickoff
@@ -30,6 +30,9 @@ from slotcron.store import runs as run_store
 from slotcron.store.claims import Claim
 
 log = logging.getLogger("slotcron.runner")
+
+Admit = Callable[[], Awaitable[bool]]
+"""What a run claimed ahead still needs once its kick-off said yes (a run permit)."""
 
 HAND_BACK_TIMEOUT = 2.0
 """Seconds a run stopped before its start tries to hand itself back; past it, the leader does."""
@@ -58,14 +61,20 @@ class Runner:
         self._loggers: dict[str, logging.Logger] = {}
 
     async def run(
-        self, job: Job, claim: Claim, start: asyncio.Future[bool] | None = None
+        self,
+        job: Job,
+        claim: Claim,
+        start: asyncio.Future[bool] | None = None,
+        admit: Admit | None = None,
     ) -> str | None:
         """Run a ``RUNNING`` claim to its end and record the outcome; return the status recorded
         (None when the record was no longer ours: fenced, or taken over; or when its body never
         started: see :mod:`slotcron.engine.kickoff`).
 
         A slot claimed ahead of its time starts when ``start`` (its kick-off at the slot) says
-        so; it is in flight meanwhile (its lease renewed, shutdown hands it back or stops it)."""
+        so; it is in flight meanwhile (its lease renewed, shutdown hands it back or stops it).
+        ``admit``, then, in this task, takes what else it needs to start (a run permit: see
+        :meth:`slotcron.engine.firing.Firing.start_run`); False: it does not start."""
         assert claim.lease_until is not None and claim.lease_ms is not None
         handle = RunHandle(
             claim=claim,
@@ -80,7 +89,7 @@ class Runner:
         # (a write retried through an outage must not see it ABANDONED), and shutdown waits
         # for the write before it closes the database.
         try:
-            status, error = await self._execute(job, claim, handle, start)
+            status, error = await self._execute(job, claim, handle, start, admit)
             if handle.started:
                 await self._after_ready_starts(handle)
             task = asyncio.current_task()
@@ -175,12 +184,16 @@ class Runner:
             _save=lambda state: self._save_state(claim, state),
         )
 
-    async def _may_start(self, job: Job, claim: Claim, start: asyncio.Future[bool] | None) -> bool:
+    async def _may_start(
+        self, job: Job, claim: Claim, start: asyncio.Future[bool] | None, admit: Admit | None
+    ) -> bool:
         """Whether the body may start: its kick-off said so, its jitter passed, its start is
         stamped (a run not yet stamped can be handed back; the stamp fails once it has been)."""
         if start is not None and (not await start or self.kickoff.closing):
             # Handed back, SKIPPED (paused) or no longer ours; or started as part of its
             # chunk just as shutdown began: handed back, its body never started.
+            return False
+        if admit is not None and not await admit():
             return False
         if job.jitter:
             await self.clock.sleep(random.uniform(0, job.jitter))
@@ -189,12 +202,17 @@ class Runner:
         return True
 
     async def _execute(
-        self, job: Job, claim: Claim, handle: RunHandle, start: asyncio.Future[bool] | None
+        self,
+        job: Job,
+        claim: Claim,
+        handle: RunHandle,
+        start: asyncio.Future[bool] | None,
+        admit: Admit | None,
     ) -> tuple[Status | None, str | None]:
         ctx = self._context(job, claim, handle)
         timeout: asyncio.Timeout | None = None
         try:
-            if not await self._may_start(job, claim, start):
+            if not await self._may_start(job, claim, start, admit):
                 return None, None
             handle.started = True
             handle.started_at = self.clock.now()
