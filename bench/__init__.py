@@ -1,1 +1,1 @@
-"""Benchmarks: ``python -m bench.run`` (README, "Benchmark")."""
+"""Benchmarks: ``python -m bench.run`` (docs/explanation/benchmark.md)."""

@@ -497,7 +497,7 @@ def workload_day(
     quiet = per_minute(url, seconds, counters)
     print(
         f"  no scheduler, {seconds} s: {quiet[0]:.1f} transactions/min, {quiet[1]:.1f} scans/min, "
-        f"{quiet[2]:.1f} statements/min "
+        f"{Counters.figure(quiet[2], 'statements/min')} "
         f"(the database's own background); {load()}"
     )
     spawner = Spawner(url, workdir)
@@ -524,8 +524,8 @@ def workload_day(
         spawner.stop_all()
     print(
         f"  started in {ready:.1f} s, idle from {quiet_after:.1f} s; RSS {rss:.0f} MB "
-        f"(peak {peak:.0f}); idle CPU {cpu_pct:.2f} % of a core; {statements:.1f} statements/min "
-        f"(pg_stat_statements calls), {xacts:.1f} transactions/min "
+        f"(peak {peak:.0f}); idle CPU {cpu_pct:.2f} % of a core; "
+        f"{Counters.figure(statements, 'statements/min')}, {xacts:.1f} transactions/min "
         f"(pg_stat_database), {scans:.1f} scans/min (pg_stat_user_tables) over {elapsed:.0f} s"
     )
 

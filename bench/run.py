@@ -4,7 +4,7 @@
     python -m bench.run --backend mariadb     # or sqlite (one machine: no cluster rows)
     python -m bench.run --only burst,steady --no-apscheduler
 
-Workloads (README "Benchmark" has the definitions and the last figures):
+Workloads (docs/explanation/benchmark.md has the definitions and the last figures):
   burst       N jobs (1,000 and 10,000) due in the same second, one instance
   steady      3 instances, 500 jobs every second, 60 s
   throughput  the most slot runs per second 3 instances sustain (p99 lag < 1 s, none missed)
@@ -212,7 +212,11 @@ class APScheduler(System):
 
 
 class Counters:
-    """Statements executed, as the database counts them (not as we do)."""
+    """Statements executed, as the database counts them (not as we do). A count it cannot read
+    is nan, and :meth:`figure` prints it as one line saying why, never the driver's error."""
+
+    # Why the last count could not be read (shared: the table's footer prints it too).
+    missing: str | None = None
 
     def __init__(self, backend: str, url: str) -> None:
         self.backend = backend
@@ -256,11 +260,27 @@ class Counters:
         try:
             return asyncio.run(self._read())
         except Exception as exc:  # the figure is optional; the run is not
-            print(f"  (statement counter unavailable: {type(exc).__name__}: {exc})")
+            Counters.missing = _why_unreadable(exc)
             return math.nan
 
     def available(self) -> bool:
         return not math.isnan(self.read())
+
+    @staticmethod
+    def figure(value: float, unit: str) -> str:
+        """``12.0 statements/min``, or ``statements/min: n/a (pg_stat_statements not loaded)``."""
+        if math.isnan(value):
+            return f"{unit}: n/a ({Counters.missing or 'not counted on this backend'})"
+        return f"{value:.1f} {unit}"
+
+
+def _why_unreadable(exc: BaseException) -> str:
+    """One line for a count that could not be read (the driver's message is a block)."""
+    text = str(exc)
+    if "pg_stat_statements" in text or "shared_preload_libraries" in text:
+        return "pg_stat_statements not loaded"
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(exc).__name__}: {first}"[:120]
 
 
 # ---------------------------------------------------------------- figures
@@ -533,11 +553,11 @@ def main() -> None:
         bench.add("schedules created", "add_schedules per s", created, lambda o: o.extra["batch"])
 
     counters = Counters(args.backend, "")
+    how = counters.how or "not counted on this backend"
+    if Counters.missing:
+        how = f"n/a ({Counters.missing})"
     print()
-    print(
-        f"slotcron {_version()} on {args.backend}; {cpus} cores; statements: "
-        f"{counters.how or 'not counted on this backend'}"
-    )
+    print(f"slotcron {_version()} on {args.backend}; {cpus} cores; statements: {how}")
     print(bench.table())
 
 

@@ -219,11 +219,14 @@ def day(url: str, workdir: Path, count: int, seconds: int) -> None:
     elapsed = window["elapsed"]
     cpu_pct = window["cpu"] / elapsed * 100
     per_min = window["statements"] / elapsed * 60
+    statements = counters.figure(per_min, "statements/min")
+    if not math.isnan(per_min):
+        statements += f" ({counters.how})"
     rss, peak = proc.memory_mb("VmRSS"), proc.memory_mb("VmHWM")
     system.stop_all()
     print(
         f"  ready in {ready:.1f} s; RSS {rss:.0f} MB (peak {peak:.0f}); idle CPU {cpu_pct:.2f} % "
-        f"of a core; {per_min:.1f} statements/min ({counters.how or 'n/a'}), "
+        f"of a core; {statements}, "
         f"{xacts_per_min:.1f} transactions/min (pg_stat_database), {scans_per_min:.1f} "
         f"scans/min (pg_stat_user_tables) over {elapsed:.0f} s"
     )

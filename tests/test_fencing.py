@@ -1,6 +1,6 @@
 """Fencing by time: a run's right to go on is a deadline on the local monotonic clock, moved
-only by confirmed renewals, and measured from when each renewal was *sent* (DESIGN.md, "Gray
-failures"). Driven here by the manual clock."""
+only by confirmed renewals, and measured from when each renewal was *sent*
+(docs/explanation/guarantees.md, guarantee 7). Driven here by the manual clock."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ def _fields(ctx: JobContext) -> dict[str, Any]:
         "trigger": str(ctx.trigger),
         "instance": ctx.instance_id,
         "id": ctx.execution_id,
-        # The contract's (CONTRACT.md: JobContext); None where the app does not have it yet.
+        # The documented JobContext's (docs/reference/jobs.md); None where the app lacks it.
         "token": getattr(ctx, "fencing_token", None),
     }
 

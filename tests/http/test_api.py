@@ -195,7 +195,7 @@ async def test_with_an_admin_token_writes_need_it_401_without_403_with_a_wrong_o
             status, body, _ = await call(client, method, f"{url}{path}", headers=auth(wrong))
             assert status == 403, (path, wrong, body)
             assert body == {"error": "wrong admin token"}
-    # Reads need a token only once SCHEDULER_READ_TOKEN is set (CONTRACT.md): open here.
+    # Reads need a token only once SCHEDULER_READ_TOKEN is set (docs/reference/http.md): open here.
     for path in ("/api/jobs", "/api/executions"):
         status, body, _ = await call(client, "GET", f"{url}{path}")
         assert status == 200, (path, body)

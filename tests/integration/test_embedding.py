@@ -1,7 +1,7 @@
 """``async with slotcron.Scheduler(...)`` inside a test application: it runs the jobs (judged by
 their own records), drains a run in flight on leaving, leaves the process's signal handlers,
 garbage collector and logging as they were, fails fast on an unreachable database, and serves
-HTTP only when asked; the README's FastAPI lifespan example runs as written."""
+HTTP only when asked; the FastAPI lifespan example of docs/how-to/embedding.md runs as written."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from sqlalchemy import select
 
 from tests.conftest import wait_for
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+EMBEDDING_PAGE = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "embedding.md"
 
 FAST: dict[str, Any] = {
     "auto_migrate": True,
@@ -308,14 +308,13 @@ def test_a_misspelt_setting_or_a_bad_value_is_a_configuration_error_naming_it() 
     assert bad.value.variable == "max_concurrency"
 
 
-def _readme_example() -> str:
-    section = README.read_text().split("\n## Embedding\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+def _embedding_example() -> str:
+    blocks = re.findall(r"```python\n(.*?)```", EMBEDDING_PAGE.read_text(), flags=re.S)
     return str(next(block for block in blocks if "lifespan" in block))
 
 
 def _myapp(root: Path, app: App) -> None:
-    """The README's ``myapp.jobs``: one job recording its runs."""
+    """The embedding page's ``myapp.jobs``: one job recording its runs."""
     package = root / "myapp"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -325,13 +324,13 @@ def _myapp(root: Path, app: App) -> None:
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"], indirect=True)
-async def test_the_readme_fastapi_lifespan_example_runs_as_written(
+async def test_the_documented_fastapi_lifespan_example_runs_as_written(
     app: App, db_url: str, db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _myapp(app.root, app)
     monkeypatch.setenv("DATABASE_URL", db_url)
     namespace: dict[str, Any] = {}
-    exec(compile(_readme_example(), str(README), "exec"), namespace)
+    exec(compile(_embedding_example(), str(EMBEDDING_PAGE), "exec"), namespace)
     fastapi_app = namespace["app"]
     lifespan: Callable[[Any], Any] = fastapi_app.router.lifespan_context
     async with asyncio.timeout(60), lifespan(fastapi_app):

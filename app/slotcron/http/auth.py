@@ -6,7 +6,7 @@ always need an admin token, and with none configured every write is refused (403
 token on a write is refused (403). Reads of the JSON API need a token, read or admin, once
 ``SCHEDULER_READ_TOKEN`` is set (executions and schedules carry job parameters, state and error
 text, which are not for everyone who can reach the port: set it wherever the port is not a
-trusted address); without it they are open (CONTRACT.md), for a read-only dashboard.
+trusted address); without it they are open (docs/reference/http.md), for a read-only dashboard.
 ``/healthz``, ``/readyz``, ``/metrics`` and the dashboard's own files are always open: they
 hold no job data.
 

@@ -1,4 +1,4 @@
-"""Runtime schedules over HTTP (CONTRACT.md, "Schedules at runtime").
+"""Runtime schedules over HTTP (docs/reference/http.md).
 
 ``GET /api/schedules?task=&limit=&offset=`` → ``{"schedules": [...], "limit", "offset",
 "next_offset"}``, each schedule listed with its ``last_status`` and ``last_run_at`` besides (what

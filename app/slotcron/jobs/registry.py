@@ -1,5 +1,5 @@
 """Registration: ``@cron`` and ``@every`` turn coroutines into jobs, ``@task`` into tasks whose
-schedules are data (CONTRACT.md, "Schedules at runtime"); all checked when declared."""
+schedules are data (docs/how-to/runtime-schedules.md); all checked when declared."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def _check_function(name: str, func: Any) -> bool:
 
 
 class JobOptions(TypedDict, total=False):
-    """The keyword options every kind of job takes (CONTRACT.md, "Registering jobs")."""
+    """The keyword options every kind of job takes (docs/reference/jobs.md)."""
 
     name: str | None
     timezone: str | None

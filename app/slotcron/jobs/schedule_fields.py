@@ -1,5 +1,5 @@
 """The checks of a runtime schedule's fields, one by one: each refusal an
-:class:`InvalidJobError` naming the field (CONTRACT.md, "Schedules at runtime"), and JSON decoded
+:class:`InvalidJobError` naming the field (docs/how-to/runtime-schedules.md), and JSON decoded
 within its limits (a number's digits, a text's length)."""
 
 from __future__ import annotations

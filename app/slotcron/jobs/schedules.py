@@ -1,5 +1,5 @@
 """A runtime schedule as callers ask for it: checked in this one place for the CLI, the HTTP API
-and :class:`slotcron.Client`, and shown in one JSON shape (CONTRACT.md, "Schedules at runtime").
+and :class:`slotcron.Client`, and shown in one JSON shape (docs/how-to/runtime-schedules.md).
 
 Every refusal is an :class:`InvalidJobError` naming the field (``task``, ``id``, ``cron``,
 ``every``, ``timezone``, ``params``, ``jitter``, ``paused``): the CLI exits 2 with it, the API

@@ -2,9 +2,9 @@
 
 Whether the renewal failed, hung, or the whole process was paused, a run whose last confirmed
 renewal is older than its lease (less a margin) stops here first, before any other instance can
-judge its lease lapsed and run the slot again (DESIGN.md, "Gray failures"). The database's
-answers only ever *extend* a deadline (:mod:`slotcron.lifeline.heartbeat`); nothing but time
-shortens it.
+judge its lease lapsed and run the slot again (docs/explanation/guarantees.md, guarantee 7).
+The database's answers only ever *extend* a deadline (:mod:`slotcron.lifeline.heartbeat`);
+nothing but time shortens it.
 """
 
 from __future__ import annotations

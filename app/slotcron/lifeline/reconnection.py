@@ -2,8 +2,8 @@
 
 A database reached again after an outage may be another server: a standby promoted by a
 failover. With synchronous replication it has every commit acknowledged to us; with
-asynchronous replication the last ones can be gone (DESIGN.md, "Through a pooler and a
-failover"). Once per outage, as soon as a call succeeds again, :class:`Reconnection`:
+asynchronous replication the last ones can be gone (docs/explanation/design.md, "Poolers
+and failovers"). Once per outage, as soon as a call succeeds again, :class:`Reconnection`:
 
 1. reads how the server replicates (PostgreSQL) and says once, at WARNING, when a failover can
    lose claims (``/readyz``'s body and a metric say the same);

@@ -4,7 +4,7 @@ A job that calls blocking code (``time.sleep``, a synchronous driver, a long com
 holds the event loop: nothing else on it runs, the heartbeat included. Without help its leases
 would lapse, another instance would judge the instance dead and run its slots again, and a run
 that completed would be recorded ``ABANDONED``. A blocked loop is a slow job, not a dead
-instance (DESIGN.md, "Gray failures").
+instance (docs/explanation/guarantees.md, guarantee 7).
 
 So a thread of its own watches the loop: a task on the loop marks each tick; when the loop has
 not ticked for :data:`STALL` seconds, the thread renews the instance's leases itself, through
