@@ -249,11 +249,7 @@ class Spawner:
         ready, out, log = (self.workdir / f"aps-{n}.{s}" for s in ("ready", "out", "log"))
         argv = [sys.executable, "-m", "bench.aps_runtime", "--role", "run", "--url", self.url]
         argv += ["--ready", str(ready), "--max-jobs", str(max_jobs)]
-        env = {
-            **os.environ,
-            "APS_BENCH_OUT": str(out),
-            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "app")]),
-        }
+        env = {**os.environ, "APS_BENCH_OUT": str(out), "PYTHONPATH": str(ROOT)}
         with log.open("wb") as sink:
             popen = subprocess.Popen(
                 argv,
