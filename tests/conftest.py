@@ -14,7 +14,6 @@ import pytest
 from slotcron.config import Settings
 from slotcron.jobs.registry import Job
 from slotcron.service.service import Service
-from slotcron.store import migrate
 from slotcron.store.database import Database
 from slotcron.store.tables import executions
 from sqlalchemy import func, select
@@ -59,6 +58,10 @@ def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
     LEFT_BEHIND.test = nodeid
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    backends.drop_templates()
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     found = [f for f in LEFT_BEHIND.found if "test_a_stop_goes_on_without" not in f]
     if found:
@@ -79,6 +82,38 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(part)
 
 
+HERE = Path(__file__).resolve().parent
+DATABASE_FIXTURES = frozenset(
+    {"backend", "db", "db_url", "empty_db_url", "services", "start_service", "spawn"}
+)
+# Top-level test files that start processes of their own (the console script, a JVM, promtool).
+PROCESS_FILES = frozenset(
+    {"test_deploy.py", "test_springcron_java.py", "test_tracing.py"}
+    | {p.name for p in HERE.glob("test_cli*.py")}
+)
+FOLDER_MARKS = {"cluster": "cluster", "packaging": "packaging", "topology": "topology"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks by where a test lives and what it needs (README, "Running the tests"):
+    ``cluster``, ``topology``, ``packaging`` by folder; ``unit`` for a test that needs no
+    database and starts no process; ``timeout`` longer for whole clusters and topologies."""
+    for item in items:
+        path = Path(item.path).resolve()
+        folder = path.parent.name if path.parent != HERE else ""
+        mark = FOLDER_MARKS.get(folder)
+        if mark:
+            item.add_marker(getattr(pytest.mark, mark))
+            item.add_marker(pytest.mark.timeout(600))
+        elif (
+            not folder
+            and path.name not in PROCESS_FILES
+            and not DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        ):
+            item.add_marker(pytest.mark.unit)
+
+
 @pytest.fixture(params=backends.NAMES)
 def backend(request: pytest.FixtureRequest) -> str:
     name: str = request.param
@@ -96,14 +131,12 @@ def empty_db_url(backend: str, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-async def db_url(empty_db_url: str) -> str:
-    """A fresh database with the schema migrated to head."""
-    db = Database.connect(Settings(database_url=empty_db_url).url, 2)
-    try:
-        await migrate.upgrade(db.engine, db.dialect)
-    finally:
-        await db.close()
-    return empty_db_url
+def db_url(backend: str, tmp_path: Path) -> Iterator[str]:
+    """A fresh database with the schema at head: a copy of a template migrated once per
+    backend per test process (tests/backends.py)."""
+    url = backends.migrated_database(backend, tmp_path)
+    yield url
+    backends.drop_database(backend, url)
 
 
 @pytest.fixture
@@ -129,21 +162,58 @@ def make_settings(url: str, **overrides: Any) -> Settings:
 ServiceFactory = Callable[..., Awaitable[Service]]
 
 
-@pytest.fixture
-async def start_service(db_url: str) -> AsyncIterator[ServiceFactory]:
-    """Start in-process services on the test's database; all are shut down at teardown."""
-    started: list[Service] = []
+class Services:
+    """The one way tests start in-process instances: ``Service`` on the test's database with
+    the test settings (:func:`make_settings`); every instance made is stopped at teardown."""
 
-    async def start(jobs: Sequence[Job], clock: Any = None, **overrides: Any) -> Service:
-        service = Service(make_settings(db_url, **overrides), jobs, clock=clock)
-        await service.start()
-        started.append(service)
+    def __init__(self, db_url: str) -> None:
+        self.db_url = db_url
+        self.made: list[Service] = []
+        self.started: list[Service] = []
+
+    def make(
+        self,
+        jobs: Sequence[Job] = (),
+        clock: Any = None,
+        *,
+        tasks: Sequence[Job] | None = None,
+        hooks: Sequence[Any] = (),
+        url: str | None = None,
+        **overrides: Any,
+    ) -> Service:
+        """An instance not yet started (a test that starts it itself, or wants it to fail)."""
+        settings = make_settings(url or self.db_url, **overrides)
+        service = Service(settings, list(jobs), clock=clock, tasks=tasks, hooks=hooks)
+        self.made.append(service)
         return service
 
-    yield start
-    for service in started:
-        if service.state != "stopped":
-            await service.stop()
+    async def start(self, jobs: Sequence[Job] = (), clock: Any = None, **kw: Any) -> Service:
+        service = self.make(jobs, clock, **kw)
+        self.started.append(service)
+        await service.start()
+        return service
+
+    async def stop_all(self) -> None:
+        """Stop every instance started here, and any made here that its test left running."""
+        for service in self.made:
+            if service.state == "stopped":
+                continue
+            if service in self.started or service.state in ("running", "draining"):
+                await service.stop()
+
+
+@pytest.fixture
+async def services(db_url: str) -> AsyncIterator[Services]:
+    """In-process instances on the test's database (:class:`Services`)."""
+    made = Services(db_url)
+    yield made
+    await made.stop_all()
+
+
+@pytest.fixture
+async def start_service(services: Services) -> ServiceFactory:
+    """Start an in-process instance: ``await start_service(jobs, clock, tasks=..., **settings)``."""
+    return services.start
 
 
 async def wait_for(

@@ -9,26 +9,20 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import re
-import signal
 import sqlite3
 import subprocess
 import sys
-import textwrap
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from sqlalchemy.engine import make_url
 
 from tests import backends
-
-T = TypeVar("T")
+from tests.cli import Cli, one_line, poll, stop
 
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 EXAMPLE_JOBS = ("examples.heartbeat", "examples.report", "examples.flaky", "examples.every_minute")
@@ -51,74 +45,22 @@ HISTORY_FIELDS = {
 PASSWORD = "hunter2"
 
 
-@dataclass
-class Cli:
-    """The console script bound to one temp directory and its SQLite database."""
-
-    cwd: Path
-    db_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"sqlite+aiosqlite:///{self.db_path}"
-
-    def env(self, overrides: dict[str, str] | None = None) -> dict[str, str]:
-        environ = {k: v for k, v in os.environ.items() if not k.upper().startswith("SCHEDULER_")}
-        environ["SCHEDULER_DATABASE_URL"] = self.url
-        environ.update(overrides or {})
-        return environ
-
-    def __call__(
-        self, *args: str, env: dict[str, str] | None = None, timeout: float = 30
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["slotcron", *args],
-            cwd=self.cwd,
-            env=self.env(env),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-
-    def ok(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        done = self(*args, env=env)
-        assert done.returncode == 0, (
-            f"slotcron {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
-        )
-        return done
-
-    def write_module(self, name: str, source: str) -> str:
-        (self.cwd / f"{name}.py").write_text(textwrap.dedent(source), encoding="utf-8")
-        return name
-
-
 @pytest.fixture
 def cli(tmp_path: Path) -> Cli:
-    return Cli(cwd=tmp_path, db_path=tmp_path / "x.db")
+    """The console script in the test's temp directory, on the SQLite file ``x.db`` there."""
+    return Cli(cwd=tmp_path, url=f"sqlite+aiosqlite:///{tmp_path / 'x.db'}", timeout=30)
 
 
-def poll(probe: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.2) -> T:
-    """Call ``probe`` until it returns something other than None; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+def db_path(cli: Cli) -> Path:
+    """The SQLite file ``cli`` runs against."""
+    database = make_url(cli.url).database
+    assert database, cli.url
+    return Path(database)
 
 
 def parse_utc(text: str) -> datetime:
     assert ISO_UTC.match(text), f"{text!r} is not ISO-8601 UTC ending in Z"
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-def one_line(stderr: str) -> str:
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr}"
-    return lines[0]
 
 
 # --- version and usage ----------------------------------------------------------------------
@@ -281,14 +223,14 @@ def database_snapshot(path: Path) -> tuple[str, int, dict[str, int], list[str]]:
 
 def test_bad_jobs_or_bad_configuration_never_touch_the_stored_data(cli: Cli) -> None:
     cli.ok("migrate")
-    with sqlite3.connect(cli.db_path) as conn:
+    with sqlite3.connect(db_path(cli)) as conn:
         conn.execute(
             "INSERT INTO scheduler_jobs (name, kind, schedule, timezone, options, paused,"
             " registered_at, updated_at) VALUES ('kept', 'cron', '* * * * *', 'UTC', '{}', 0,"
             " '2030-01-01 00:00:00.000000', '2030-01-01 00:00:00.000000')"
         )
     conn.close()
-    before = database_snapshot(cli.db_path)
+    before = database_snapshot(db_path(cli))
     assert before[2]["scheduler_jobs"] == 1
     assert before[3], "no Alembic revision after migrate"
     module = cli.write_module(
@@ -309,7 +251,7 @@ def test_bad_jobs_or_bad_configuration_never_touch_the_stored_data(cli: Cli) -> 
     ]
 
     assert [a.returncode for a in attempts] == [2, 2, 2, 2], [a.stderr for a in attempts]
-    assert database_snapshot(cli.db_path) == before
+    assert database_snapshot(db_path(cli)) == before
 
 
 # --- history --------------------------------------------------------------------------------
@@ -333,19 +275,9 @@ def ticking_history(cli: Cli) -> Iterator[list[dict[str, Any]]]:
             raise RuntimeError("boom went the job on purpose")
         """,
     )
-    log_path = cli.cwd / "service.log"
-    env = cli.env(
-        {"SCHEDULER_SHUTDOWN_DRAIN_TIMEOUT": "5", "SCHEDULER_SHUTDOWN_CANCEL_TIMEOUT": "5"}
+    service, log_path = cli.start(
+        module, {"SCHEDULER_SHUTDOWN_DRAIN_TIMEOUT": "5", "SCHEDULER_SHUTDOWN_CANCEL_TIMEOUT": "5"}
     )
-    with log_path.open("w") as log:
-        service = subprocess.Popen(
-            ["slotcron", "run", "--jobs", module],
-            cwd=cli.cwd,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
     try:
 
         def enough() -> list[dict[str, Any]] | None:
@@ -359,14 +291,9 @@ def ticking_history(cli: Cli) -> Iterator[list[dict[str, Any]]]:
             return records if len(ticks) >= 2 and len(booms) >= 1 else None
 
         poll(enough, timeout=30, what="2 COMPLETED tick and 1 FAILED boom in history")
-        service.send_signal(signal.SIGTERM)
-        code = service.wait(timeout=15)
-        assert code == 0, f"service exited {code} on SIGTERM:\n{log_path.read_text()}"
     finally:
-        if service.poll() is None:
-            service.kill()
-            service.wait(timeout=10)
-    yield json.loads(cli.ok("history", "--json", "--limit", "500").stdout)
+        stop(service, log_path)
+    yield cli.json("history", "--limit", "500")
 
 
 def test_history_json_lists_every_contract_field_newest_first_in_utc(
@@ -389,9 +316,7 @@ def test_history_json_lists_every_contract_field_newest_first_in_utc(
     assert len(completed) >= 2
     assert all(isinstance(r["duration_ms"], int) and r["duration_ms"] >= 0 for r in completed)
 
-    latest = json.loads(
-        cli.ok("history", "tick", "--status", "COMPLETED", "--limit", "1", "--json").stdout
-    )
+    latest = cli.json("history", "tick", "--status", "COMPLETED", "--limit", "1")
     assert len(latest) == 1
     assert (latest[0]["job"], latest[0]["status"]) == ("tick", "COMPLETED")
     assert latest[0] == completed[0]

@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.test_cli import PASSWORD, Cli, cli, one_line
+from tests.cli import Cli, one_line
+from tests.test_cli import PASSWORD, cli, db_path
 
 __all__ = ["cli"]  # the fixture, shared with test_cli.py
 
@@ -63,29 +63,12 @@ def _id(case: tuple[list[str | bytes], dict[str, str], str]) -> str:
     return text + (" " + " ".join(f"{k}={v}" for k, v in env.items()) if env else "")
 
 
-def run_bytes(cli: Cli, args: list[str | bytes], env: dict[str, str]) -> tuple[int, str, str]:
-    argv = [a if isinstance(a, bytes) else a.encode() for a in args]
-    done = subprocess.run(
-        [b"slotcron", *argv],
-        cwd=cli.cwd,
-        env=cli.env(env),
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-    return (
-        done.returncode,
-        done.stdout.decode("utf-8", "replace"),
-        done.stderr.decode("utf-8", "replace"),
-    )
-
-
 @pytest.mark.parametrize("case", BAD_INPUT, ids=[_id(c) for c in BAD_INPUT])
 def test_every_bad_input_of_the_issue_exits_2_with_one_line_naming_it(
     cli: Cli, case: tuple[list[str | bytes], dict[str, str], str]
 ) -> None:
     args, env, expected = case
-    status, out, err = run_bytes(cli, args, env)
+    status, out, err = cli.run_bytes(args, env)
 
     assert status == 2, f"exit {status}:\n{out}\n{err}"
     line = one_line(err)
@@ -106,7 +89,7 @@ def test_a_since_reaching_before_any_datetime_means_everything(cli: Cli, since: 
 
 
 def insert_failed(cli: Cli, error: str) -> None:
-    with sqlite3.connect(cli.db_path) as conn:
+    with sqlite3.connect(db_path(cli)) as conn:
         conn.execute(
             "INSERT INTO scheduler_executions (job_name, scheduled_at, trigger, status, attempt,"
             " created_at, error, params, state) VALUES ('evil', '2030-01-01 00:00:00.000000',"

@@ -11,10 +11,7 @@ escaping is the CLI's, the same whatever database the row came from.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -23,6 +20,8 @@ from slotcron.config import Settings
 from slotcron.store.database import Database
 from slotcron.store.tables import jobs
 from sqlalchemy import update
+
+from tests.cli import Cli
 
 # A title change (OSC ... BEL), a colour, a C1 CSI clearing the screen, DEL, a bidirectional
 # override, and a newline followed by what looks like another line of output.
@@ -37,12 +36,9 @@ TASKS = """
 """
 
 
-def run(cwd: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SCHEDULER_")}
-    env.update(SCHEDULER_DATABASE_URL=url, SCHEDULER_JOBS="cli_tasks")
-    return subprocess.run(
-        ["slotcron", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
-    )
+def tasks_cli(cwd: Path, url: str) -> Cli:
+    """The console script with ``SCHEDULER_JOBS`` naming the module of ``TASKS``."""
+    return Cli(cwd, url, extra_env={"SCHEDULER_JOBS": "cli_tasks"})
 
 
 def assert_inert(text: str) -> None:
@@ -73,8 +69,9 @@ def test_json_output_stays_json_and_gives_the_id_back_exactly(
 async def test_a_schedule_id_holding_terminal_escapes_is_printed_escaped_by_every_command(
     db_url: str, tmp_path: Path
 ) -> None:
-    (tmp_path / "cli_tasks.py").write_text(textwrap.dedent(TASKS))
-    done = run(tmp_path, db_url, "schedules", "add", "reports.send", "--every", "60", "--id", "t")
+    cli = tasks_cli(tmp_path, db_url)
+    cli.write_module("cli_tasks", TASKS)
+    done = cli("schedules", "add", "reports.send", "--every", "60", "--id", "t")
     assert done.returncode == 0, done.stderr
     db = Database.connect(Settings(database_url=db_url).url, 1)
     try:
@@ -83,7 +80,7 @@ async def test_a_schedule_id_holding_terminal_escapes_is_printed_escaped_by_ever
     finally:
         await db.close()
 
-    listed = run(tmp_path, db_url, "schedules", "list", "--json")
+    listed = cli("schedules", "list", "--json")
     assert_inert(listed.stdout)
     assert [s["id"] for s in json.loads(listed.stdout)] == [HOSTILE_ID]
 
@@ -98,7 +95,7 @@ async def test_a_schedule_id_holding_terminal_escapes_is_printed_escaped_by_ever
         ["schedules", "remove", HOSTILE_ID],
         ["schedules", "show", HOSTILE_ID],  # removed: the error names it
     ):
-        done = run(tmp_path, db_url, *args)
+        done = cli(*args)
         assert done.returncode in (0, 2), (args, done)
         assert_inert(done.stdout)
         assert_inert(done.stderr)
@@ -115,7 +112,8 @@ async def test_a_schedule_id_holding_terminal_escapes_is_printed_escaped_by_ever
 
 
 def test_arguments_argparse_refuses_are_echoed_escaped(tmp_path: Path) -> None:
-    done = run(tmp_path, "sqlite+aiosqlite:///unused.db", "history", "--\x1b[2Jwipe\x9b")
+    cli = tasks_cli(tmp_path, "sqlite+aiosqlite:///unused.db")
+    done = cli("history", "--\x1b[2Jwipe\x9b")
     assert done.returncode == 2
     assert_inert(done.stderr)
     assert "\\x1b[2Jwipe\\x9b" in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_cli import Cli, cli, one_line
+from tests.cli import Cli, one_line
+from tests.test_cli import cli
 
 __all__ = ["cli"]  # the fixture, shared with test_cli.py
 

@@ -7,20 +7,15 @@ Jobs report what their ``ctx`` saw by checkpointing it, so ``history --json`` sh
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import textwrap
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
-T = TypeVar("T")
+from tests.cli import Cli, one_line, poll, stop
 
 JOBS = """
     from slotcron import JobContext, cron
@@ -41,103 +36,26 @@ JOBS = """
             raise RuntimeError("disk full at row 42")
 """
 JOB_FIELDS = {"name", "schedule", "timezone", "next_slot", "paused", "last_status"}
+SERVICE_ENV = {
+    "SCHEDULER_HEARTBEAT_SECONDS": "0.5",
+    "SCHEDULER_SHUTDOWN_DRAIN_TIMEOUT": "3",
+    "SCHEDULER_SHUTDOWN_CANCEL_TIMEOUT": "3",
+}
 
 
-@dataclass
-class Cli:
+def ops_cli(cwd: Path) -> Cli:
     """The console script bound to one directory and its SQLite database."""
-
-    cwd: Path
-
-    @property
-    def url(self) -> str:
-        return f"sqlite+aiosqlite:///{self.cwd / 'ops.db'}"
-
-    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        environ = {k: v for k, v in os.environ.items() if not k.upper().startswith("SCHEDULER_")}
-        environ["SCHEDULER_DATABASE_URL"] = self.url
-        environ.update(extra or {})
-        return environ
-
-    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["slotcron", *args],
-            cwd=self.cwd,
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-
-    def ok(self, *args: str) -> subprocess.CompletedProcess[str]:
-        done = self(*args)
-        assert done.returncode == 0, (
-            f"slotcron {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
-        )
-        return done
-
-    def json(self, *args: str) -> list[dict[str, Any]]:
-        records: list[dict[str, Any]] = json.loads(self.ok(*args, "--json").stdout)
-        return records
-
-    def history(self, job: str, *extra: str) -> list[dict[str, Any]]:
-        return self.json("history", job, "--limit", "500", *extra)
-
-    def start(self, module: str) -> tuple[subprocess.Popen[str], Path]:
-        log_path = self.cwd / "service.log"
-        env = self.env(
-            {
-                "SCHEDULER_HEARTBEAT_SECONDS": "0.5",
-                "SCHEDULER_SHUTDOWN_DRAIN_TIMEOUT": "3",
-                "SCHEDULER_SHUTDOWN_CANCEL_TIMEOUT": "3",
-            }
-        )
-        with log_path.open("w") as log:
-            service = subprocess.Popen(
-                ["slotcron", "run", "--jobs", module],
-                cwd=self.cwd,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        return service, log_path
+    return Cli(cwd=cwd, url=f"sqlite+aiosqlite:///{cwd / 'ops.db'}", timeout=30)
 
 
-def poll(probe: Callable[[], T | None], *, timeout: float, what: str) -> T:
-    """Call ``probe`` until it returns something other than None; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
+def history(cli: Cli, job: str, *extra: str) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = cli.json("history", job, "--limit", "500", *extra)
+    return records
 
 
 def utc(text: str) -> datetime:
     assert text.endswith("Z"), f"{text!r} is not ISO-8601 UTC"
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-def one_line(stderr: str) -> str:
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr}"
-    return lines[0]
-
-
-def stop(service: subprocess.Popen[str], log_path: Path) -> None:
-    """SIGTERM, and the clean exit the contract promises."""
-    try:
-        service.send_signal(signal.SIGTERM)
-        code = service.wait(timeout=15)
-        assert code == 0, f"service exited {code} on SIGTERM:\n{log_path.read_text()}"
-    finally:
-        if service.poll() is None:
-            service.kill()
-            service.wait(timeout=10)
 
 
 def wait_until_live(cli: Cli, service: subprocess.Popen[str], log_path: Path) -> None:
@@ -149,16 +67,15 @@ def wait_until_live(cli: Cli, service: subprocess.Popen[str], log_path: Path) ->
         leaders = [i for i in json.loads(done.stdout) if i["leader"] and i["state"] == "running"]
         return True if leaders else None
 
-    poll(live, timeout=20, what="the service to register and lead")
+    poll(live, timeout=20, what="the service to register and lead", interval=0.1)
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
     """One ``slotcron run`` for the module (each test uses jobs of its own), SIGTERMed at the
     end with exit status 0."""
-    cli = Cli(cwd=tmp_path_factory.mktemp("ops"))
-    (cli.cwd / "ops_jobs.py").write_text(textwrap.dedent(JOBS), encoding="utf-8")
-    service, log_path = cli.start("ops_jobs")
+    cli = ops_cli(tmp_path_factory.mktemp("ops"))
+    service, log_path = cli.start(cli.write_module("ops_jobs", JOBS), SERVICE_ENV)
     try:
         wait_until_live(cli, service, log_path)
         yield cli
@@ -171,9 +88,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
 
 
 def test_trigger_with_no_live_instance_refuses_in_one_line_and_exits_1(tmp_path: Path) -> None:
-    cli = Cli(cwd=tmp_path)
-    (tmp_path / "lonely.py").write_text(textwrap.dedent(JOBS), encoding="utf-8")
-    service, log_path = cli.start("lonely")
+    cli = ops_cli(tmp_path)
+    service, log_path = cli.start(cli.write_module("lonely", JOBS), SERVICE_ENV)
     try:
         wait_until_live(cli, service, log_path)
     finally:
@@ -185,7 +101,7 @@ def test_trigger_with_no_live_instance_refuses_in_one_line_and_exits_1(tmp_path:
     line = one_line(done.stderr)
     assert "no live instance" in line
     assert "on-demand" in line
-    assert not [r for r in cli.history("on-demand") if r["trigger"] == "manual"]
+    assert not [r for r in history(cli, "on-demand") if r["trigger"] == "manual"]
 
 
 def test_trigger_queues_a_manual_run_that_a_live_instance_starts_within_two_seconds(
@@ -195,10 +111,10 @@ def test_trigger_queues_a_manual_run_that_a_live_instance_starts_within_two_seco
     assert "queued execution" in done.stdout
 
     def completed() -> dict[str, Any] | None:
-        runs = [r for r in live.history("on-demand") if r["trigger"] == "manual"]
+        runs = [r for r in history(live, "on-demand") if r["trigger"] == "manual"]
         return runs[0] if runs and runs[0]["status"] == "COMPLETED" else None
 
-    run = poll(completed, timeout=6, what="the manual run to complete")
+    run = poll(completed, timeout=6, what="the manual run to complete", interval=0.1)
 
     assert run["params"] == {"who": "ops", "ticket": "OPS-1"}
     assert run["state"] == {
@@ -228,11 +144,11 @@ def test_pause_records_the_next_slots_skipped_with_the_reason_and_resume_runs_th
     paused_at = datetime.now().astimezone()
 
     def skipped() -> list[dict[str, Any]] | None:
-        found = live.history("tick", "--status", "SKIPPED")
+        found = history(live, "tick", "--status", "SKIPPED")
         after = [r for r in found if utc(r["scheduled_at"]) > paused_at]
         return after if len(after) >= 2 else None
 
-    after_pause = poll(skipped, timeout=8, what="two SKIPPED slots after the pause")
+    after_pause = poll(skipped, timeout=8, what="two SKIPPED slots after the pause", interval=0.1)
     assert {r["error"] for r in after_pause} == {"job is paused: maintenance"}
     assert "was already paused" in live.ok("pause", "tick").stdout
     [job] = [j for j in live.json("jobs") if j["name"] == "tick"]
@@ -245,22 +161,20 @@ def test_pause_records_the_next_slots_skipped_with_the_reason_and_resume_runs_th
     def running_again() -> dict[str, Any] | None:
         found = [
             r
-            for r in live.history("tick", "--status", "COMPLETED")
+            for r in history(live, "tick", "--status", "COMPLETED")
             if utc(r["scheduled_at"]) > resumed_at
         ]
         return found[0] if found else None
 
-    poll(running_again, timeout=6, what="a COMPLETED slot after resume")
-    history = live.history("tick")
+    poll(running_again, timeout=6, what="a COMPLETED slot after resume", interval=0.1)
+    runs = history(live, "tick")
     between = [
         (r["scheduled_at"], r["status"])
-        for r in history
+        for r in runs
         if paused_at < utc(r["scheduled_at"]) < resuming_at
     ]
     assert between and {status for _, status in between} == {"SKIPPED"}, between
-    after = [
-        (r["scheduled_at"], r["status"]) for r in history if utc(r["scheduled_at"]) > resumed_at
-    ]
+    after = [(r["scheduled_at"], r["status"]) for r in runs if utc(r["scheduled_at"]) > resumed_at]
     assert "SKIPPED" not in {status for _, status in after}, after
 
 
@@ -280,10 +194,10 @@ def test_restart_of_a_failed_execution_runs_its_slot_again_from_its_checkpoint(
     live.ok("trigger", "resumable")
 
     def failed() -> dict[str, Any] | None:
-        runs = live.history("resumable", "--status", "FAILED")
+        runs = history(live, "resumable", "--status", "FAILED")
         return runs[0] if runs else None
 
-    first = poll(failed, timeout=6, what="the first attempt to fail")
+    first = poll(failed, timeout=6, what="the first attempt to fail", interval=0.1)
     assert "disk full at row 42" in first["error"]
     assert first["state"]["cursor"] == 42
 
@@ -291,10 +205,10 @@ def test_restart_of_a_failed_execution_runs_its_slot_again_from_its_checkpoint(
     assert "attempt 2" in done.stdout
 
     def second_attempt() -> dict[str, Any] | None:
-        runs = [r for r in live.history("resumable") if r["attempt"] == 2]
+        runs = [r for r in history(live, "resumable") if r["attempt"] == 2]
         return runs[0] if runs and runs[0]["status"] == "COMPLETED" else None
 
-    second = poll(second_attempt, timeout=6, what="the restarted attempt to complete")
+    second = poll(second_attempt, timeout=6, what="the restarted attempt to complete", interval=0.1)
     assert second["trigger"] == "restart"
     assert second["scheduled_at"] == first["scheduled_at"]
     assert second["state"]["started_with"] == first["state"]
@@ -305,7 +219,7 @@ def test_restart_of_a_failed_execution_runs_its_slot_again_from_its_checkpoint(
         refused = live("restart", str(execution))
         assert refused.returncode == 1, refused
         assert "COMPLETED" in one_line(refused.stderr)
-    assert len(live.history("resumable")) == 2
+    assert len(history(live, "resumable")) == 2
 
 
 def test_restart_of_an_execution_that_does_not_exist_is_bad_usage(live: Cli) -> None:

@@ -8,8 +8,9 @@ import pytest
 from slotcron.config import Settings
 from slotcron.store.database import Database
 
+from tests.cli import Cli
 from tests.corrupt import BIG_NUMBER, corrupt
-from tests.test_cli_schedules import CODE_JOB, Cli, add_code_job, cli, schedule_rows
+from tests.test_cli_schedules import CODE_JOB, add_code_job, cli, schedule_rows
 
 __all__ = ["cli"]  # the fixture, shared with tests/test_cli_schedules.py
 
@@ -40,7 +41,7 @@ async def test_an_id_already_taken_exits_1_and_a_variant_is_another_schedule(
     cli: Cli, db_url: str
 ) -> None:
     await add_code_job(db_url)
-    cli.ok("add", "reports.send", "--every", "60", "--id", "Tenant/Alpha", "--param", "k=secret")
+    cli.text("add", "reports.send", "--every", "60", "--id", "Tenant/Alpha", "--param", "k=secret")
     for taken in ("Tenant/Alpha", CODE_JOB):
         done = cli("add", "reports.send", "--every", "60", "--id", taken)
         assert done.returncode == 1, done
@@ -54,7 +55,7 @@ async def test_an_id_already_taken_exits_1_and_a_variant_is_another_schedule(
 
 async def test_an_unreadable_row_is_listed_with_its_error(cli: Cli, db_url: str) -> None:
     for name in ("a-good", "b-broken"):
-        cli.ok("add", "reports.send", "--every", "60", "--id", name)
+        cli.text("add", "reports.send", "--every", "60", "--id", name)
     db = Database.connect(Settings(database_url=db_url).url, 1)
     try:
         await corrupt(db, "b-broken", params=BIG_NUMBER)
@@ -63,7 +64,7 @@ async def test_an_unreadable_row_is_listed_with_its_error(cli: Cli, db_url: str)
     listed = {s["id"]: s for s in cli.json("list")}
     assert "error" not in listed["a-good"]
     assert listed["b-broken"]["error"].startswith("params: ")
-    table = cli.ok("list")
+    table = cli.text("list")
     assert "a-good" in table and "unreadable" in table
     shown = cli.json("show", "b-broken")
     assert shown["error"].startswith("params: ") and shown["next_slots"] == []

@@ -4,14 +4,9 @@ backend. The task is known the way the CLI knows it: ``SCHEDULER_JOBS`` names it
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import textwrap
 from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
 
 import pytest
 from slotcron.config import Settings
@@ -19,6 +14,8 @@ from slotcron.store.database import Database
 from slotcron.store.registrations import JobRow, register_jobs
 from slotcron.store.tables import jobs
 from sqlalchemy import func, select
+
+from tests.cli import Cli
 
 TASKS = """
     from slotcron import JobContext, task
@@ -30,37 +27,12 @@ TASKS = """
 CODE_JOB = "reports.nightly"
 
 
-class Cli:
-    def __init__(self, cwd: Path, url: str) -> None:
-        self.cwd = cwd
-        self.url = url
-
-    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SCHEDULER_")}
-        env.update(SCHEDULER_DATABASE_URL=self.url, SCHEDULER_JOBS="cli_tasks")
-        return subprocess.run(
-            ["slotcron", "schedules", *args],
-            cwd=self.cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-
-    def ok(self, *args: str) -> str:
-        done = self(*args)
-        assert done.returncode == 0, f"{args} exited {done.returncode}: {done.stderr}"
-        return done.stdout
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self.ok(*args, "--json"))
-
-
 @pytest.fixture
 def cli(db_url: str, tmp_path: Path) -> Cli:
-    (tmp_path / "cli_tasks.py").write_text(textwrap.dedent(TASKS))
-    return Cli(tmp_path, db_url)
+    """``slotcron schedules`` with ``SCHEDULER_JOBS`` naming the module of ``TASKS``."""
+    cli = Cli(tmp_path, db_url, prefix=("schedules",), extra_env={"SCHEDULER_JOBS": "cli_tasks"})
+    cli.write_module("cli_tasks", TASKS)
+    return cli
 
 
 async def schedule_rows(url: str) -> int:
@@ -87,8 +59,8 @@ async def add_code_job(url: str) -> None:
 async def test_schedules_are_added_listed_shown_updated_and_removed_from_the_command_line(
     cli: Cli,
 ) -> None:
-    new_id = cli.ok("add", "reports.send", "--cron", "0 9 * * *", "--timezone", "Asia/Seoul",
-                    "--param", "tenant=7").strip()  # fmt: skip
+    new_id = cli.text("add", "reports.send", "--cron", "0 9 * * *", "--timezone", "Asia/Seoul",
+                      "--param", "tenant=7").strip()  # fmt: skip
     assert new_id.startswith("reports.send/")
     added = cli.json("add", "reports.send", "--every", "30", "--id", "tenant-8",
                      "--params-json", '{"tenant": 8, "tier": "gold"}', "--param", "tier=free",
@@ -100,19 +72,19 @@ async def test_schedules_are_added_listed_shown_updated_and_removed_from_the_com
     assert [s["id"] for s in listed] == sorted([new_id, "tenant-8"])
     assert cli.json("list", "--task", "nobody") == []
     assert len(cli.json("list", "--limit", "1")) == 1
-    assert "tenant-8" in cli.ok("list")
+    assert "tenant-8" in cli.text("list")
 
     shown = cli.json("show", new_id)
     assert shown["timezone"] == "Asia/Seoul" and shown["params"] == {"tenant": "7"}
     slots = [datetime.fromisoformat(s.replace("Z", "+00:00")) for s in shown["next_slots"]]
     assert len(slots) == 5 and all((s.hour, s.minute) == (0, 0) for s in slots)
     assert all((b - a).days == 1 for a, b in pairwise(slots))
-    assert cli.ok("show", new_id).count("T00:00:00Z") == 5
+    assert cli.text("show", new_id).count("T00:00:00Z") == 5
 
     changed = cli.json("update", "tenant-8", "--cron", "*/10 * * * * *")
     assert changed["cron"] == "*/10 * * * * *" and changed["every"] is None
     assert changed["params"] == added["params"]  # what was not given stays
-    assert cli.ok("remove", "tenant-8").strip() == "removed tenant-8"
+    assert cli.text("remove", "tenant-8").strip() == "removed tenant-8"
     assert [s["id"] for s in cli.json("list")] == [new_id]
 
 

@@ -9,6 +9,7 @@ Read from the source with :mod:`ast`, so what a newcomer reads is what is judged
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,9 @@ class Module:
         return self.path.name == "__init__.py"
 
 
+@functools.cache
 def modules() -> dict[str, Module]:
+    """Every module of the package, parsed once per test process."""
     found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from slotcron.store.tables import executions, jobs
 from sqlalchemy import event, insert, select
 from yarl import URL
 
-from tests.conftest import make_settings, wait_for
+from tests.conftest import Services, wait_for
 from tests.http.browser import chromium, find_chromium
 from tests.http.conftest import READ_TOKEN, TOKEN, auth, base_url
 
@@ -54,35 +54,19 @@ def tasks() -> Registry:
     return registry
 
 
-Start = Callable[..., Any]
+Start = Callable[..., Awaitable[Service]]
+SERVED = {"pool_size": 5, "http_port": 0, "admin_token": TOKEN, "read_token": READ_TOKEN}
 
 
 @pytest.fixture
-async def start(db_url: str) -> AsyncIterator[Start]:
+def start(services: Services) -> Start:
     """An instance running the tasks of :func:`tasks`, serving HTTP on a free port with the
-    admin token; stopped at teardown."""
-    started: list[Service] = []
+    admin token (:class:`Services`)."""
 
-    async def start(clock: ManualClock | None = None, **overrides: Any) -> Service:
-        settings = make_settings(
-            db_url,
-            **{
-                "pool_size": 5,
-                "http_port": 0,
-                "admin_token": TOKEN,
-                "read_token": READ_TOKEN,
-                **overrides,
-            },
-        )
-        service = Service(settings, [], clock=clock, tasks=tasks().tasks())
-        await service.start()
-        started.append(service)
-        return service
+    def start(clock: ManualClock | None = None, **overrides: Any) -> Awaitable[Service]:
+        return services.start(clock=clock, tasks=tasks().tasks(), **{**SERVED, **overrides})
 
-    yield start
-    for service in started:
-        if service.state != "stopped":
-            await service.stop()
+    return start
 
 
 @pytest.fixture

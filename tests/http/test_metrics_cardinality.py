@@ -11,7 +11,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,7 +33,7 @@ from slotcron.store.tables import executions
 from sqlalchemy import func, select
 
 from tests.cluster.harness import percentile, read_records, slot_time, wait_until
-from tests.conftest import Spawn, make_settings, wait_for
+from tests.conftest import Services, Spawn, wait_for
 from tests.http.conftest import base_url, listening_url
 
 CODE_JOB = "card.code"
@@ -54,26 +54,20 @@ def jobs_and_tasks() -> Registry:
     return registry
 
 
-Start = Callable[..., Any]
+Start = Callable[..., Awaitable[Service]]
 
 
 @pytest.fixture
-async def start(db_url: str) -> AsyncIterator[Start]:
-    """An instance with one code job and one task, serving HTTP; stopped at teardown."""
-    started: list[Service] = []
+def start(services: Services) -> Start:
+    """An instance with one code job and one task, serving HTTP (:class:`Services`)."""
 
-    async def start(**overrides: Any) -> Service:
+    def start(**overrides: Any) -> Awaitable[Service]:
         registry = jobs_and_tasks()
-        settings = make_settings(db_url, **{"http_port": 0, **overrides})
-        service = Service(settings, list(registry), tasks=registry.tasks())
-        await service.start()
-        started.append(service)
-        return service
+        return services.start(
+            list(registry), tasks=registry.tasks(), **{"http_port": 0, **overrides}
+        )
 
-    yield start
-    for service in started:
-        if service.state != "stopped":
-            await service.stop()
+    return start
 
 
 @pytest.fixture

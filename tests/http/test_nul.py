@@ -5,17 +5,15 @@ unavailable"). On every backend, since the handlers behind these paths reach the
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 from slotcron import JobContext
 from slotcron.jobs.registry import Registry, cron, task
-from slotcron.service.service import Service
 from yarl import URL
 
-from tests.conftest import make_settings
+from tests.conftest import Services
 from tests.http.conftest import TOKEN, auth, base_url
 
 YEARLY = "0 0 1 1 *"
@@ -36,15 +34,12 @@ def nul_jobs() -> Registry:
 
 
 @pytest.fixture
-async def url(db_url: str) -> AsyncIterator[str]:
+async def url(services: Services) -> str:
     registry = nul_jobs()
-    settings = make_settings(db_url, http_port=0, admin_token=TOKEN)
-    service = Service(settings, list(registry), tasks=registry.tasks())
-    await service.start()
-    try:
-        yield base_url(service)
-    finally:
-        await service.stop()
+    service = await services.start(
+        list(registry), tasks=registry.tasks(), http_port=0, admin_token=TOKEN
+    )
+    return base_url(service)
 
 
 # (method, path and query as sent, already percent-encoded; JSON body; field named)

@@ -10,13 +10,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from slotcron.config import Settings
 from slotcron.errors import ConfigError
 from slotcron.http.probes import READY_TIMEOUT
 from slotcron.jobs.registry import Registry, every
-from slotcron.service.service import Service
 
-from tests.conftest import make_settings, wait_for
+from tests.conftest import Services, wait_for
 from tests.http.conftest import base_url
 from tests.http.proxy import Proxy
 
@@ -59,11 +57,10 @@ async def test_healthz_and_readyz_answer_200_while_the_instance_runs(
 
 @pytest.mark.parametrize("backend", ["postgresql", "mariadb"], indirect=True)
 async def test_readyz_turns_503_when_the_database_is_cut_off_or_hangs_and_200_when_it_is_back(
-    backend: str, db_url: str, client: aiohttp.ClientSession
+    backend: str, db_url: str, services: Services, client: aiohttp.ClientSession
 ) -> None:
     proxy = await Proxy.for_url(db_url).start()
-    service = Service(make_settings(proxy.url(db_url), http_port=0), list(quiet_jobs()))
-    await service.start()
+    service = await services.start(list(quiet_jobs()), url=proxy.url(db_url), http_port=0)
     url = base_url(service)
     try:
         assert (await get(client, f"{url}/readyz"))[0] == 200
@@ -103,15 +100,15 @@ async def _ready(client: aiohttp.ClientSession, url: str) -> bool:
     return (await get(client, f"{url}/readyz"))[0] == 200
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # (its database is its own)
 async def test_while_the_database_is_waited_out_at_start_up_readyz_is_503_and_no_password_shows(
-    client: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+    services: Services, client: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
 ) -> None:
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         closed_port = sock.getsockname()[1]
     url_with_password = f"postgresql+asyncpg://slotcron:s3cret-pw@127.0.0.1:{closed_port}/none"
-    settings = Settings(database_url=url_with_password, http_port=0, auto_migrate=True)
-    service = Service(settings, list(quiet_jobs()))
+    service = services.make(list(quiet_jobs()), url=url_with_password, http_port=0)
     starting = asyncio.create_task(service.start())
     try:
         await wait_for(lambda: service.http is not None and service.http.port != 0, what="HTTP")
@@ -137,13 +134,13 @@ async def test_while_the_database_is_waited_out_at_start_up_readyz_is_503_and_no
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 async def test_a_port_already_in_use_is_a_configuration_error_naming_SCHEDULER_HTTP_PORT(
-    db_url: str,
+    services: Services,
 ) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        service = Service(make_settings(db_url, http_port=port), list(quiet_jobs()))
+        service = services.make(list(quiet_jobs()), http_port=port)
         with pytest.raises(ConfigError) as refused:
             await service.start()
     assert refused.value.variable == "SCHEDULER_HTTP_PORT"

@@ -15,7 +15,6 @@ from slotcron.engine.claims import Claimer
 from slotcron.errors import RowBusy
 from slotcron.jobs.registry import Registry, cron
 from slotcron.lifeline.roles import Collaborators
-from slotcron.service.service import Service
 from slotcron.store import batch as batch_store
 from slotcron.store import markers, registrations, starts
 from slotcron.store import runs as run_store
@@ -25,7 +24,7 @@ from slotcron.store.registrations import JobRow
 from slotcron.store.tables import executions, jobs
 from sqlalchemy import func, select, text, update
 
-from tests.conftest import ServiceFactory, make_settings, wait_for
+from tests.conftest import ServiceFactory, Services, wait_for
 from tests.integration.test_claims import hold_job_row
 
 SLOT = datetime(2026, 11, 22, 0, 10, tzinfo=UTC)
@@ -302,7 +301,7 @@ async def test_the_read_of_open_slots_keeps_exactly_the_slots_no_instance_decide
 
 
 async def test_a_burst_another_instance_claimed_costs_this_one_a_read_per_chunk_left(
-    db: Database, db_url: str
+    db: Database, services: Services
 ) -> None:
     """Instances sharing a burst: once a chunk comes back with slots another instance took,
     each later chunk's open slots are read first (no lock, no write), and only those claimed.
@@ -321,8 +320,9 @@ async def test_a_burst_another_instance_claimed_costs_this_one_a_read_per_chunk_
 
     for name in names:
         make(name)
-    settings = make_settings(db_url, instance_id="me", max_concurrency=len(names))
-    service = Service(settings, list(registry), clock=ManualClock(NOW))
+    service = services.make(
+        list(registry), ManualClock(NOW), instance_id="me", max_concurrency=len(names)
+    )
     try:
         jobs_by_name = {job.name: job for job in service.jobs}
         await service.planner.burst.fire_together([(jobs_by_name[n], SLOT) for n in names])

@@ -7,47 +7,27 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 import slotcron.engine.burst
 import slotcron.engine.horizon
 from slotcron import JobContext
 from slotcron.jobs.registry import Registry, every, task
-from slotcron.service.service import Service
 from slotcron.store import schedules as store
 from slotcron.store.database import Database
 from slotcron.store.tables import executions
 from sqlalchemy import func, select
 
-from tests.conftest import make_settings, wait_for
+from tests.conftest import Services, wait_for
 
 SCHEDULES = 300
 PERIOD = 10
 CAPACITY = 30
 
 
-@pytest.fixture
-async def instance(db_url: str) -> AsyncIterator[Callable[..., Any]]:
-    started: list[Service] = []
-
-    async def start(registry: Registry, **overrides: Any) -> Service:
-        settings = make_settings(db_url, **{"pool_size": 5, **overrides})
-        service = Service(settings, list(registry), tasks=registry.tasks())
-        await service.start()
-        started.append(service)
-        return service
-
-    yield start
-    for service in started:
-        if service.state != "stopped":
-            await service.stop()
-
-
 async def test_a_burst_claimed_ahead_of_its_slot_costs_a_one_second_job_no_slot(
-    db: Database, instance: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+    db: Database, services: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Claimed as far ahead as a big burst is (seconds): 300 schedules, priced like 25,000.
     monkeypatch.setattr(slotcron.engine.horizon, "PREPARE_COST", 0.02)
@@ -73,7 +53,9 @@ async def test_a_burst_claimed_ahead_of_its_slot_costs_a_one_second_job_no_slot(
         registry=registry,
         now=now,
     )
-    service = await instance(registry, max_concurrency=CAPACITY)
+    service = await services.start(
+        list(registry), tasks=registry.tasks(), pool_size=5, max_concurrency=CAPACITY
+    )
     began = time.time()
     # One whole burst: its slot comes within a period; its claims start seconds before it.
     await wait_for(lambda: len(bursts) >= SCHEDULES, timeout=PERIOD + 15, what="a whole burst")

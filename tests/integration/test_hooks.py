@@ -8,41 +8,21 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from slotcron import Hook, JobContext, RunEvent, SlotsEvent
-from slotcron.jobs.registry import Job, Registry, every
+from slotcron.jobs.registry import Registry, every
 from slotcron.observe import delivery
 from slotcron.observe.events import hook_name
-from slotcron.service.service import Service
 from slotcron.store.database import Database
 from slotcron.store.tables import executions
 from sqlalchemy import insert, select, update
 
-from tests.conftest import make_settings, wait_for
-
-Start = Callable[..., Awaitable[Service]]
-
-
-@pytest.fixture
-async def start(db_url: str) -> AsyncIterator[Start]:
-    """Start services with hooks attached (``Service(hooks=...)``); stopped at teardown."""
-    started: list[Service] = []
-
-    async def run(jobs: Sequence[Job], hooks: Sequence[Hook], **overrides: Any) -> Service:
-        service = Service(make_settings(db_url, **overrides), jobs, hooks=hooks)
-        await service.start()
-        started.append(service)
-        return service
-
-    yield run
-    for service in started:
-        if service.state != "stopped":
-            await service.stop()
+from tests.conftest import Services, wait_for
 
 
 class Recorder(Hook):
@@ -83,7 +63,7 @@ async def rows(db: Database, job: str, status: str) -> list[Any]:
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mariadb"], indirect=True)
 async def test_completed_failed_and_skipped_are_each_heard_once_after_their_write(
-    db: Database, start: Start
+    db: Database, services: Services
 ) -> None:
     registry = Registry()
 
@@ -100,7 +80,7 @@ async def test_completed_failed_and_skipped_are_each_heard_once_after_their_writ
         await asyncio.sleep(1.5)
 
     recorder = Recorder(db)
-    service = await start(list(registry), [recorder])
+    service = await services.start(list(registry), hooks=[recorder])
     await wait_for(
         lambda: (
             len(recorder.of("h.ok", "COMPLETED")) >= 2
@@ -131,20 +111,20 @@ async def test_completed_failed_and_skipped_are_each_heard_once_after_their_writ
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
-async def test_missed_slots_are_heard_as_recorded(db: Database, start: Start) -> None:
+async def test_missed_slots_are_heard_as_recorded(db: Database, services: Services) -> None:
     registry = Registry()
 
     @every(seconds=1, name="h.missable", registry=registry)
     async def missable() -> None:
         pass
 
-    first = await start(list(registry), [])
+    first = await services.start(list(registry))
     await wait_for(lambda: rows(db, "h.missable", "COMPLETED"), what="a first run")
     await first.stop()
     stopped_at = time.monotonic()
     await wait_for(lambda: time.monotonic() - stopped_at > 3.5, what="three slots to pass")
     recorder = Recorder(db)
-    second = await start(list(registry), [recorder])
+    second = await services.start(list(registry), hooks=[recorder])
 
     async def heard_all() -> bool:
         missed = await rows(db, "h.missable", "MISSED")
@@ -162,7 +142,7 @@ async def test_missed_slots_are_heard_as_recorded(db: Database, start: Start) ->
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"], indirect=True)
 async def test_an_abandoned_run_is_heard_from_the_instance_that_recorded_it(
-    db: Database, start: Start
+    db: Database, services: Services
 ) -> None:
     registry = Registry()
 
@@ -189,7 +169,7 @@ async def test_an_abandoned_run_is_heard_from_the_instance_that_recorded_it(
     assert inserted.inserted_primary_key is not None
     ghost = inserted.inserted_primary_key[0]
     recorder = Recorder(db)
-    await start(list(registry), [recorder])
+    await services.start(list(registry), hooks=[recorder])
     abandoned = await wait_for(
         lambda: recorder.of("h.ghostly", "ABANDONED"), timeout=20, what="the ABANDONED event"
     )
@@ -199,7 +179,9 @@ async def test_an_abandoned_run_is_heard_from_the_instance_that_recorded_it(
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"], indirect=True)
-async def test_a_run_whose_record_was_taken_is_heard_as_fenced(db: Database, start: Start) -> None:
+async def test_a_run_whose_record_was_taken_is_heard_as_fenced(
+    db: Database, services: Services
+) -> None:
     registry = Registry()
     taken: list[int] = []
 
@@ -216,7 +198,7 @@ async def test_a_run_whose_record_was_taken_is_heard_as_fenced(db: Database, sta
         taken.append(ctx.execution_id)
 
     recorder = Recorder(db)
-    await start(list(registry), [recorder])
+    await services.start(list(registry), hooks=[recorder])
     await wait_for(lambda: [r for r in recorder.finished if r.fenced], what="a fenced event")
     run = next(r for r in recorder.finished if r.fenced)
     assert run.execution_id == taken[0] and run.status == "COMPLETED"
@@ -247,7 +229,7 @@ class Slow(Hook):
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"], indirect=True)
 async def test_a_raising_hook_and_a_slow_one_cost_a_one_second_job_no_slot(
-    db: Database, start: Start
+    db: Database, services: Services
 ) -> None:
     registry = Registry()
 
@@ -256,7 +238,7 @@ async def test_a_raising_hook_and_a_slow_one_cost_a_one_second_job_no_slot(
         pass
 
     raising, slow = Raising(), Slow()
-    await start(list(registry), [raising, slow])
+    await services.start(list(registry), hooks=[raising, slow])
     await wait_for(
         lambda: raising.calls >= 6 and slow.heard >= 1, timeout=20, what="six slots and a late hook"
     )
@@ -278,7 +260,7 @@ async def test_a_raising_hook_and_a_slow_one_cost_a_one_second_job_no_slot(
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 async def test_wrap_run_is_entered_around_the_body_in_its_own_task(
-    db: Database, start: Start
+    db: Database, services: Services
 ) -> None:
     registry = Registry()
     seen: dict[str, Any] = {}
@@ -305,7 +287,7 @@ async def test_wrap_run_is_entered_around_the_body_in_its_own_task(
         def wrap_run(self, ctx: JobContext) -> Any:
             raise RuntimeError("a wrapper that fails on entry")
 
-    await start(list(registry), [Broken(), Around()])
+    await services.start(list(registry), hooks=[Broken(), Around()])
     await wait_for(lambda: rows(db, "h.wrapped", "FAILED"), what="a run of the wrapped job")
     assert seen["entered"] == (seen["body"], "h.wrapped"), "entered in the body's own task"
     assert seen["saw"] == "the body's own error"
@@ -315,7 +297,10 @@ async def test_wrap_run_is_entered_around_the_body_in_its_own_task(
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 async def test_events_past_a_hooks_queue_are_dropped_counted_and_logged_once(
-    db: Database, start: Start, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    db: Database,
+    services: Services,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr(delivery, "QUEUE_LIMIT", 2)
     registry = Registry()
@@ -329,7 +314,7 @@ async def test_events_past_a_hooks_queue_are_dropped_counted_and_logged_once(
             await asyncio.Event().wait()
 
     stuck = Stuck()
-    service = await start(list(registry), [stuck], http_port=0)
+    service = await services.start(list(registry), hooks=[stuck], http_port=0)
     name = hook_name(stuck)
 
     def dropped() -> float:

@@ -7,7 +7,6 @@ way an operator would: ``slotcron migrate`` in a subprocess with ``SCHEDULER_DAT
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -23,6 +22,8 @@ from slotcron.store.tables import executions, jobs, metadata
 from sqlalchemy import Table, func, insert, inspect, select, text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import IntegrityError
+
+from tests.cli import Cli, one_line
 
 T = TypeVar("T")
 
@@ -68,28 +69,8 @@ KEPT_JOB = {
 }
 
 
-def slotcron(
-    url: str, *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    """The console script, with no ``SCHEDULER_*`` variable but the ones given."""
-    environ = {k: v for k, v in os.environ.items() if not k.upper().startswith("SCHEDULER_")}
-    environ["SCHEDULER_DATABASE_URL"] = url
-    environ.update(env or {})
-    return subprocess.run(
-        ["slotcron", *args],
-        cwd=cwd,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
 def migrate(url: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    done = slotcron(url, "migrate", cwd=cwd)
-    assert done.returncode == 0, f"slotcron migrate failed:\n{done.stdout}\n{done.stderr}"
-    return done
+    return Cli(cwd, url).ok("migrate")
 
 
 def on_database(url: str, work: Callable[[Connection], T]) -> T:
@@ -220,7 +201,7 @@ def test_a_service_on_a_migrated_database_never_loads_alembic(
 def test_migrate_sql_prints_the_schema_and_leaves_the_database_untouched(
     backend: str, empty_db_url: str, tmp_path: Path
 ) -> None:
-    done = slotcron(empty_db_url, "migrate", "--sql", cwd=tmp_path)
+    done = Cli(tmp_path, empty_db_url)("migrate", "--sql")
 
     assert done.returncode == 0, done.stderr
     for table in sorted(TABLES):
@@ -306,19 +287,12 @@ def test_ids_compare_byte_for_byte_after_the_migration_which_keeps_every_row(
 def test_run_refuses_an_unmigrated_database_when_auto_migrate_is_off(
     empty_db_url: str, tmp_path: Path
 ) -> None:
-    done = slotcron(
-        empty_db_url,
-        "run",
-        "--jobs",
-        "slotcron.examples",
-        cwd=tmp_path,
-        env={"SCHEDULER_AUTO_MIGRATE": "false"},
-        timeout=20,
+    done = Cli(tmp_path, empty_db_url)(
+        "run", "--jobs", "slotcron.examples", env={"SCHEDULER_AUTO_MIGRATE": "false"}, timeout=20
     )
 
     assert done.returncode == 2, f"exit {done.returncode}:\n{done.stdout}\n{done.stderr}"
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
-    assert "SCHEDULER_AUTO_MIGRATE" in lines[0]
-    assert "slotcron migrate" in lines[0]
+    line = one_line(done.stderr)
+    assert "SCHEDULER_AUTO_MIGRATE" in line
+    assert "slotcron migrate" in line
     assert not table_names(empty_db_url) & TABLES

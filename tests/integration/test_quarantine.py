@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import Any
@@ -24,7 +24,7 @@ from slotcron.store.database import Database
 from slotcron.store.tables import executions
 from sqlalchemy import select
 
-from tests.conftest import make_settings, wait_for
+from tests.conftest import Services, wait_for
 from tests.corrupt import corrupt, ways
 
 TASK = "quarantine.tick"
@@ -42,21 +42,9 @@ def ticking(ran: Ran) -> Registry:
 
 
 @pytest.fixture
-async def start(db_url: str) -> AsyncIterator[Callable[..., Any]]:
+def start(services: Services) -> Callable[[Registry], Awaitable[Service]]:
     """An instance on the database's clock, registering the given tasks, serving HTTP."""
-    started: list[Service] = []
-
-    async def start(registry: Registry) -> Service:
-        settings = make_settings(db_url, pool_size=5, http_port=0)
-        service = Service(settings, [], tasks=registry.tasks())
-        await service.start()
-        started.append(service)
-        return service
-
-    yield start
-    for service in started:
-        if service.state != "stopped":
-            await service.stop()
+    return lambda registry: services.start(tasks=registry.tasks(), pool_size=5, http_port=0)
 
 
 async def records(db: Database, job: str) -> list[tuple[datetime, str]]:

@@ -7,7 +7,7 @@ change token polled elsewhere): each test waits for that on a condition, then mo
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,7 +24,7 @@ from slotcron.store.database import Database
 from slotcron.store.tables import executions, jobs
 from sqlalchemy import select, update
 
-from tests.conftest import make_settings, wait_for
+from tests.conftest import Services, wait_for
 
 T0 = datetime(2026, 11, 22, 0, 0, 0, 500000, tzinfo=UTC)
 TASK = "tests.runtime.report"
@@ -40,21 +40,14 @@ Start = Callable[..., Any]
 
 
 @pytest.fixture
-async def start(db_url: str) -> AsyncIterator[Start]:
-    """Start an instance registering the given tasks, on a manual clock; stopped at teardown."""
-    started: list[Service] = []
+def start(services: Services) -> Start:
+    """Start an instance registering the given tasks, on a manual clock (:class:`Services`)."""
 
-    async def start(registry: Registry, clock: ManualClock, **overrides: Any) -> Service:
-        settings = make_settings(db_url, **{"pool_size": 5, **overrides})
-        service = Service(settings, [], clock=clock, tasks=registry.tasks())
-        await service.start()
-        started.append(service)
-        return service
+    def start(registry: Registry, clock: ManualClock, **overrides: Any) -> Awaitable[Service]:
+        settings = {"pool_size": 5, **overrides}
+        return services.start(clock=clock, tasks=registry.tasks(), **settings)
 
-    yield start
-    for service in started:
-        if service.state != "stopped":
-            await service.stop()
+    return start
 
 
 def report_task(ran: Ran, name: str = TASK, **options: Any) -> Registry:

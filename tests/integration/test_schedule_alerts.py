@@ -11,14 +11,13 @@ from datetime import UTC, datetime
 import pytest
 from slotcron import Client, JobContext
 from slotcron.jobs.registry import Registry, task
-from slotcron.service.service import Service
 from slotcron.store import operations
 from slotcron.store import schedules as store
 from slotcron.store.database import Database
 from slotcron.store.tables import executions
 from sqlalchemy import func, select
 
-from tests.conftest import make_settings, wait_for
+from tests.conftest import Services, wait_for
 from tests.webhook import Listener, webhook
 
 
@@ -53,7 +52,7 @@ async def failed(db: Database, job: str) -> int:
 
 
 async def test_a_task_with_alert_false_sends_no_event_for_its_schedules(
-    db: Database, db_url: str, listener: Listener
+    db: Database, db_url: str, listener: Listener, services: Services
 ) -> None:
     registry = failing_tasks()
     await store.register_tasks(
@@ -64,9 +63,7 @@ async def test_a_task_with_alert_false_sends_no_event_for_its_schedules(
             "alerts.quiet", every=1, id="quiet/acme", params={"tenant": "acme"}
         )
         await client.add_schedule("alerts.loud", every=1, id="loud/acme", params={"tenant": "acme"})
-    settings = make_settings(db_url, alert_webhook_url=listener.url)
-    service = Service(settings, [], tasks=registry.tasks())
-    await service.start()
+    service = await services.start(tasks=registry.tasks(), alert_webhook_url=listener.url)
     try:
         await wait_for(lambda: listener.events("FAILED", "loud/acme"), what="the loud alert")
         # A run of the quiet schedule taken from the queue (not held in memory) too.

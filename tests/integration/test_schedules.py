@@ -15,7 +15,6 @@ from slotcron import Client, InvalidJobError, JobContext
 from slotcron.errors import NotFound, Refused
 from slotcron.jobs.registry import Registry, cron, task
 from slotcron.jobs.schedules import IdTaken
-from slotcron.service.service import Service
 from slotcron.store import operations
 from slotcron.store import schedules as store
 from slotcron.store.database import Database
@@ -23,7 +22,7 @@ from slotcron.store.registrations import JobRow, register_jobs
 from slotcron.store.tables import executions, jobs
 from sqlalchemy import func, select, update
 
-from tests.conftest import make_settings
+from tests.conftest import Services
 
 TASK = "tests.send_report"
 CODE_JOB = "tests.code-job"
@@ -358,23 +357,19 @@ async def test_a_write_is_announced_when_it_commits_on_postgresql(
 
 
 async def test_an_instance_records_its_tasks_so_a_client_without_the_code_knows_them(
-    db_url: str,
+    db_url: str, services: Services
 ) -> None:
     async with Client(db_url) as client:
         with pytest.raises(InvalidJobError, match="unknown task"):
             await client.add_schedule(TASK, every=5)
-    service = Service(make_settings(db_url), [], tasks=tasks().tasks())
-    await service.start()
-    try:
-        async with Client(db_url) as client:
-            added = await client.add_schedule(TASK, every=5)
-        assert added["task"] == TASK
-    finally:
-        await service.stop()
+    await services.start(tasks=tasks().tasks())
+    async with Client(db_url) as client:
+        added = await client.add_schedule(TASK, every=5)
+    assert added["task"] == TASK
 
 
 async def test_a_code_job_named_like_a_schedule_refuses_to_start_and_leaves_it_alone(
-    db: Database, db_url: str
+    db: Database, db_url: str, services: Services
 ) -> None:
     await record_tasks(db)
     async with Client(db_url) as client:
@@ -385,7 +380,7 @@ async def test_a_code_job_named_like_a_schedule_refuses_to_start_and_leaves_it_a
     async def clash() -> None:
         pass
 
-    service = Service(make_settings(db_url), list(registry), tasks=[])
+    service = services.make(list(registry), tasks=[])
     try:
         with pytest.raises(InvalidJobError, match="'clash': name: is the id of a runtime"):
             await service.start()
