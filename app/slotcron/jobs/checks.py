@@ -37,6 +37,34 @@ def name_problem(name: object, longest: int = MAX_NAME_LENGTH) -> str | None:
     return None
 
 
+MAX_JSON_DEPTH = 31
+"""Levels of nesting (objects and arrays) in a stored JSON value: MariaDB's JSON check refuses
+32 (error 4025), so every backend is held to what all of them store."""
+
+
+def json_problem(value: Any) -> str | None:
+    """What no backend stores as given in a JSON value (None when all do): nesting past
+    :data:`MAX_JSON_DEPTH`, a NUL character (PostgreSQL), a lone surrogate (MariaDB)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                return f"is nested deeper than {MAX_JSON_DEPTH} levels"
+            inner = list(item.values()) if isinstance(item, dict) else item
+            texts = [k for k in item if isinstance(k, str)] if isinstance(item, dict) else []
+            stack.extend((v, depth + 1) for v in inner)
+            stack.extend((k, depth) for k in texts)
+        elif isinstance(item, str):
+            if "\x00" in item:
+                return "contains a NUL character"
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "contains a lone surrogate (not valid Unicode)"
+    return None
+
+
 def shown(value: object) -> str:
     """``value`` fit for a message: its repr (control characters escaped), cut short; an
     integer too long to write out (past Python's digit limit) is named, not written."""

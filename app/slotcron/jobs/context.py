@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from slotcron.errors import CheckpointError
+from slotcron.jobs.checks import json_problem
 
 Saver = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -54,6 +55,9 @@ class JobContext:
             raise CheckpointError(
                 f"job {self.job!r}: checkpoint: {where} cannot be stored as JSON: {exc}"
             ) from None
+        problem = json_problem(merged)
+        if problem is not None:
+            raise CheckpointError(f"job {self.job!r}: checkpoint: state {problem}")
         self.state.clear()
         self.state.update(merged)
         if self._save is not None:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from slotcron.errors import InvalidJobError
-from slotcron.jobs.checks import MAX_NAME_LENGTH, MIN_INTERVAL, name_problem, shown
+from slotcron.jobs.checks import MAX_NAME_LENGTH, MIN_INTERVAL, json_problem, name_problem, shown
 from slotcron.schedule.slots import normalise_cron, zone_problem
 
 MAX_PARAMS_BYTES = 64 * 1024
@@ -102,8 +102,9 @@ def check_params(who: str, params: Any) -> dict[str, Any]:
         text = json.dumps(params, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise refuse(who, "params", f"must be JSON: {reason(exc)}") from None
-    if "\\u0000" in text:
-        raise refuse(who, "params", "contains a NUL character")
+    problem = json_problem(params)
+    if problem is not None:
+        raise refuse(who, "params", problem)
     load_json(who, "params", text, MAX_PARAMS_BYTES)  # its size, and each number's digits
     return dict(params)
 
