@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import textwrap
 import time
 from collections.abc import Callable
@@ -16,6 +17,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+COMMAND = (sys.executable, "-m", "slotcron")
+"""What ``slotcron`` runs (the same ``main``), without the shell shims an installation may put in
+front of the console script (pyenv's cost 0.4 s a call); tests/test_cli.py runs the console
+script itself."""
 
 
 @dataclass
@@ -40,7 +45,7 @@ class Cli:
         self, *args: str, env: dict[str, str] | None = None, timeout: float | None = None
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["slotcron", *self.prefix, *args],
+            [*COMMAND, *self.prefix, *args],
             cwd=self.cwd,
             env=self.env(env),
             capture_output=True,
@@ -53,7 +58,7 @@ class Cli:
         """Arguments that may not be valid UTF-8; output decoded with replacement."""
         argv = [a if isinstance(a, bytes) else a.encode() for a in args]
         done = subprocess.run(
-            [b"slotcron", *argv],
+            [*(c.encode() for c in COMMAND), *argv],
             cwd=self.cwd,
             env=self.env(env),
             capture_output=True,
@@ -87,7 +92,7 @@ class Cli:
         log_path = self.cwd / log_name
         with log_path.open("w") as log:
             service = subprocess.Popen(
-                ["slotcron", "run", "--jobs", module],
+                [*COMMAND, "run", "--jobs", module],
                 cwd=self.cwd,
                 env=self.env(env),
                 stdout=log,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
@@ -94,24 +96,61 @@ PROCESS_FILES = frozenset(
 FOLDER_MARKS = {"cluster": "cluster", "packaging": "packaging", "topology": "topology"}
 
 
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+"""Shared by the worker processes of one run (pytest-xdist), None without workers."""
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's bound
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """A test marked ``alone`` (a bound on lateness or lag, a load test) runs while no other
+    test of the run does; the others share the time between. A readers-writer lock over the
+    workers (flock), with a turnstile so that a waiting ``alone`` test is not starved."""
+    if _RUN is None:
+        yield
+        return
+    root = Path(tempfile.gettempdir()) / f"slotcron-tests-{_RUN}"
+    root.mkdir(exist_ok=True)
+    alone = item.get_closest_marker("alone") is not None
+    with (root / "turnstile").open("a") as turnstile, (root / "shared").open("a") as shared:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        if alone:
+            fcntl.flock(shared, fcntl.LOCK_EX)  # once every running test has ended
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        if not alone:
+            fcntl.flock(shared, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(shared, fcntl.LOCK_UN)
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks by where a test lives and what it needs (README, "Running the tests"):
     ``cluster``, ``topology``, ``packaging`` by folder; ``unit`` for a test that needs no
-    database and starts no process; ``timeout`` longer for whole clusters and topologies."""
+    database and starts no process; ``quick`` for those and every in-process test on SQLite
+    (python -m pytest -m quick: a few minutes); ``timeout`` longer for clusters and topologies."""
     for item in items:
         path = Path(item.path).resolve()
         folder = path.parent.name if path.parent != HERE else ""
+        if item.get_closest_marker("load") is not None:
+            item.add_marker(pytest.mark.alone)
         mark = FOLDER_MARKS.get(folder)
         if mark:
             item.add_marker(getattr(pytest.mark, mark))
             item.add_marker(pytest.mark.timeout(600))
-        elif (
-            not folder
-            and path.name not in PROCESS_FILES
-            and not DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
-        ):
+            continue
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if not folder and path.name not in PROCESS_FILES and not DATABASE_FIXTURES & fixtures:
             item.add_marker(pytest.mark.unit)
+            item.add_marker(pytest.mark.quick)
+        elif path.name not in PROCESS_FILES and _backend(item) in (None, "sqlite"):
+            item.add_marker(pytest.mark.quick)
+
+
+def _backend(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("backend") if callspec is not None else None
 
 
 @pytest.fixture(params=backends.NAMES)

@@ -12,7 +12,6 @@ import json
 import re
 import sqlite3
 import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -67,9 +66,9 @@ def parse_utc(text: str) -> datetime:
 
 
 def test_the_console_script_and_python_m_app_report_the_same_version(cli: Cli) -> None:
-    script = cli.ok("--version")
-    module = subprocess.run(
-        [sys.executable, "-m", "slotcron", "--version"],
+    module = cli.ok("--version")  # tests/cli.py runs python -m slotcron
+    script = subprocess.run(
+        ["slotcron", "--version"],
         cwd=cli.cwd,
         env=cli.env(),
         capture_output=True,
@@ -78,7 +77,7 @@ def test_the_console_script_and_python_m_app_report_the_same_version(cli: Cli) -
         check=False,
     )
 
-    assert module.returncode == 0, module.stderr
+    assert script.returncode == 0, script.stderr
     assert script.stdout.strip().startswith("slotcron ")
     assert module.stdout == script.stdout
 

@@ -99,6 +99,7 @@ async def test_a_run_whose_instance_died_is_abandoned_and_retried_by_a_live_one(
     assert "ghost" in str(abandoned["error"]) and "lease" in str(abandoned["error"])
 
 
+@pytest.mark.alone  # a bound on lateness: run while no other test loads the machine
 async def test_one_leader_at_a_time_and_another_takes_over_within_one_lease(
     db: Database, start_service: ServiceFactory
 ) -> None:

@@ -27,6 +27,7 @@ async def rows(db: Database, job: str | None = None) -> list[dict[str, object]]:
         return [dict(r) for r in (await conn.execute(query)).mappings()]
 
 
+@pytest.mark.alone  # a bound on lateness: run while no other test loads the machine
 async def test_ten_jobs_due_together_all_start_within_100ms_of_their_slot(
     db: Database, start_service: ServiceFactory
 ) -> None:
