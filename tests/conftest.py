@@ -133,8 +133,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(item.path).resolve()
         folder = path.parent.name if path.parent != HERE else ""
-        if item.get_closest_marker("load") is not None:
-            item.add_marker(pytest.mark.alone)
+        if item.get_closest_marker("load") is not None or "chromium_path" in getattr(
+            item, "fixturenames", ()
+        ):
+            item.add_marker(pytest.mark.alone)  # a load test; a page driven in a real browser
         mark = FOLDER_MARKS.get(folder)
         if mark:
             item.add_marker(getattr(pytest.mark, mark))

@@ -247,9 +247,8 @@ async def test_sigterm_with_no_drain_just_before_the_slot_hands_the_burst_to_ano
 ) -> None:
     ahead, _other = start_pair(spawn, SCHEDULER_SHUTDOWN_DRAIN_TIMEOUT=0)
     # Early enough for its shutdown to begin before the slot: a run whose slot comes first
-    # starts there (and, instant, completes) rather than being handed back. 25 ms: a loaded
-    # machine (the suite runs in workers) can hold this process back 12 ms before it signals.
-    slot = await aim(db, records_path, "ahead", before=0.025)
+    # starts there (and, instant, completes) rather than being handed back.
+    slot = await aim(db, records_path, "ahead", before=0.012)
     ahead.signal(signal.SIGTERM)
     signalled = time.time()
     assert signalled < slot, "signalled after the slot: the test aims before it"
