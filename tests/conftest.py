@@ -129,7 +129,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks by where a test lives and what it needs (README, "Running the tests"):
     ``cluster``, ``topology``, ``packaging`` by folder; ``unit`` for a test that needs no
     database and starts no process; ``quick`` for those and every in-process test on SQLite
-    (python -m pytest -m quick: a few minutes); ``timeout`` longer for clusters and topologies."""
+    (python -m pytest -m quick -n 4); ``timeout`` longer for clusters and topologies."""
     for item in items:
         path = Path(item.path).resolve()
         folder = path.parent.name if path.parent != HERE else ""

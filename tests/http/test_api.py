@@ -15,7 +15,7 @@ from slotcron.jobs.registry import Registry, cron, every
 from slotcron.records import execution_json, job_json
 from slotcron.store.database import Database
 from slotcron.store.history import list_executions
-from slotcron.store.operations import list_jobs
+from slotcron.store.operations import list_jobs, set_paused
 from slotcron.text import iso
 from yarl import URL
 
@@ -94,6 +94,14 @@ async def test_reads_list_jobs_executions_and_instances_in_the_cli_shapes_and_pa
     assert jobs["api.tick"]["schedule"] and jobs["api.tick"]["next_slot"].endswith("Z")
     assert jobs["api.broken"]["last_status"] in ("FAILED", "RUNNING")
 
+    # Offset paging over a table that grows between two requests shifts its pages: the tick is
+    # paused, and its last run ended, before the pages are read.
+    await set_paused(db, job="api.tick", paused=True, reason="paging")
+
+    async def tick_at_rest() -> bool:
+        return not await list_executions(db, job="api.tick", status="RUNNING")
+
+    await wait_for(tick_at_rest, what="the paused tick's last run to end")
     first = await executions(client, url, job="api.tick", status="completed", limit="2")
     status, page, _ = await call(
         client,

@@ -371,3 +371,11 @@ async def test_a_checkpoint_nested_as_deep_as_every_backend_stores_is_stored(db:
     run = await add_run(db)
     assert await runs.save_state(db, run=key(run), instance_id="a", state=state)
     assert (await run_row(db, run))["state"] == state
+
+
+def test_an_error_text_is_made_storable_once_and_for_all() -> None:
+    # restore_rows (a lost outcome written back after a failover) stores errors through it too.
+    cut = runs.storable_error("a" * 20_000 + "\x00")
+    assert cut is not None and cut.endswith("a\\x00") and "characters left out" in cut
+    assert runs.storable_error(cut) == cut
+    assert runs.storable_error(None) is None

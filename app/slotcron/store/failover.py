@@ -26,7 +26,7 @@ from sqlalchemy import and_, case, or_, select, text, update
 from slotcron.status import Trigger
 from slotcron.store.claims import RunKey
 from slotcron.store.database import Database
-from slotcron.store.runs import run_keys, runs_among
+from slotcron.store.runs import run_keys, runs_among, storable_error
 from slotcron.store.tables import executions, jobs, start_markers
 
 _REPLICATION = text(
@@ -241,7 +241,7 @@ def _restored_row(item: Lost, instance_id: str) -> dict[str, Any]:
         "lease_until": item.finished_at,
         "lease_ms": item.lease_ms,
         "finished_at": item.finished_at,
-        "error": item.error,
+        "error": storable_error(item.error),
         "params": item.params,
         "state": {},
         "fencing_token": item.fencing_token,

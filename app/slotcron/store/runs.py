@@ -65,10 +65,10 @@ def run_keys(dialect: Dialect, name: str, runs: Iterable[RunKey]) -> dict[str, A
 
 ERROR_HEAD, ERROR_TAIL = 4_000, 12_000
 """Characters of a longer error text kept from its start and from its end (where a traceback
-names its exception): 16,000 in all, under MariaDB's TEXT (65,535 bytes) at 4 bytes each."""
+names its exception): about 16,000 in all, under MariaDB's TEXT (65,535 bytes) at 4 bytes each."""
 
 
-def _storable_error(error: str | None) -> str | None:
+def storable_error(error: str | None) -> str | None:
     """An outcome's error text as every backend stores it: a NUL shown as ``\\x00`` (PostgreSQL
     text cannot hold one), a lone surrogate as its escape, a long text cut in the middle. A job's
     traceback can hold anything; an outcome that cannot be written would be retried for good."""
@@ -79,7 +79,7 @@ def _storable_error(error: str | None) -> str | None:
         text.encode("utf-8")
     except UnicodeEncodeError:
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    if len(text) > ERROR_HEAD + ERROR_TAIL:
+    if len(text) > ERROR_HEAD + ERROR_TAIL + 64:  # room for the note: a cut text stays as it is
         left_out = len(text) - ERROR_HEAD - ERROR_TAIL
         text = (
             f"{text[:ERROR_HEAD]}\n[... {left_out} characters left out ...]\n{text[-ERROR_TAIL:]}"
@@ -109,7 +109,7 @@ async def finish(
             .values(
                 status=status,
                 finished_at=now,
-                error=_storable_error(error),
+                error=storable_error(error),
                 lease_until=now,
                 started_at=markers.started_at(),
             )
@@ -166,7 +166,7 @@ async def finish_many(
     of the runs recorded (the others were no longer ours). One UPDATE per distinct outcome."""
     groups: dict[tuple[str, str | None], list[RunKey]] = {}
     for run, status, error in outcomes:
-        groups.setdefault((status, _storable_error(error)), []).append(run)
+        groups.setdefault((status, storable_error(error)), []).append(run)
     recorded: set[int] = set()
     sql = _finish(db.dialect)
     returning = db.dialect.update_returning
