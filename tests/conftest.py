@@ -10,7 +10,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 from slotcron.config import Settings
@@ -101,27 +101,48 @@ _RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's bound
-def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """A test marked ``alone`` (a bound on lateness or lag, a load test) runs while no other
     test of the run does; the others share the time between. A readers-writer lock over the
-    workers (flock), with a turnstile so that a waiting ``alone`` test is not starved."""
+    workers (flock), with a turnstile so that a waiting ``alone`` test is not starved. The
+    ``alone`` tests come first in the collection (one worker's first share of it), and the lock
+    is kept from one to the next: the other workers wait once, not once each."""
+    global _KEPT
     if _RUN is None:
         yield
         return
+    alone = _alone(item)
+    if _KEPT is not None and not alone:  # the next alone test went to another worker
+        _KEPT.close()
+        _KEPT = None
+    shared = _KEPT if alone and _KEPT is not None else _take(alone)
+    _KEPT = None
+    try:
+        yield
+    finally:
+        if alone and nextitem is not None and _alone(nextitem):
+            _KEPT = shared
+        else:
+            shared.close()  # closing the file releases its lock
+
+
+_KEPT: IO[str] | None = None
+"""The lock file held exclusively between two ``alone`` tests run one after the other."""
+
+
+def _alone(item: pytest.Item) -> bool:
+    return item.get_closest_marker("alone") is not None
+
+
+def _take(alone: bool) -> IO[str]:
+    """The shared lock, exclusive for an ``alone`` test, taken through the turnstile."""
     root = Path(tempfile.gettempdir()) / f"slotcron-tests-{_RUN}"
     root.mkdir(exist_ok=True)
-    alone = item.get_closest_marker("alone") is not None
-    with (root / "turnstile").open("a") as turnstile, (root / "shared").open("a") as shared:
+    shared = (root / "shared").open("a")
+    with (root / "turnstile").open("a") as turnstile:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
-        if alone:
-            fcntl.flock(shared, fcntl.LOCK_EX)  # once every running test has ended
-        fcntl.flock(turnstile, fcntl.LOCK_UN)
-        if not alone:
-            fcntl.flock(shared, fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(shared, fcntl.LOCK_UN)
+        fcntl.flock(shared, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    return shared
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
@@ -148,6 +169,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.quick)
         elif path.name not in PROCESS_FILES and _backend(item) in (None, "sqlite"):
             item.add_marker(pytest.mark.quick)
+    items.sort(key=lambda item: not _alone(item))  # stable: the alone tests first, in order
 
 
 def _backend(item: pytest.Item) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,10 @@ JOBS = """
     @cron("0 0 1 1 *", name="on-demand")
     async def on_demand(ctx: JobContext) -> None:
         await ctx.checkpoint(saw_params=ctx.params, saw_trigger=ctx.trigger)
+
+    @cron("0 0 1 1 *", name="bf-paused")
+    async def bf_paused() -> None:
+        pass
 
     @cron("0 0 1 1 *", name="resumable")
     async def resumable(ctx: JobContext) -> None:
@@ -185,6 +189,106 @@ def test_pause_and_resume_of_an_unknown_job_are_bad_usage(live: Cli) -> None:
         assert "no-such-job" in one_line(done.stderr)
 
 
+# --- skip and unskip ---------------------------------------------------------------------------
+
+NEW_YEAR = "2031-01-01T00:00:00Z"  # a slot of on-demand ("0 0 1 1 *"), never reached here
+
+
+def test_skip_and_unskip_of_a_future_slot_and_what_they_refuse(live: Cli) -> None:
+    done = live.ok("skip", "on-demand", "--at", NEW_YEAR, "--reason", "holiday")
+    assert "on-demand: slot 2031-01-01T00:00:00Z will be recorded SKIPPED" in done.stdout
+    assert "already was" in live.ok("skip", "on-demand", "--at", NEW_YEAR).stdout
+    bad = {
+        ("on-demand", "2031-01-01T00:00:30Z"): "is not a slot of on-demand",
+        ("on-demand", "new year"): "--at 'new year': expected an ISO-8601 time",
+        ("no-such-job", NEW_YEAR): "no-such-job",
+    }
+    for (job, at), said in bad.items():
+        refused = live("skip", job, "--at", at)
+        assert refused.returncode == 2, refused
+        assert said in one_line(refused.stderr), refused.stderr
+    assert "no longer skipped" in live.ok("unskip", "on-demand", "--at", NEW_YEAR).stdout
+    again = live("unskip", "on-demand", "--at", NEW_YEAR)
+    assert again.returncode == 1 and "is not skipped" in one_line(again.stderr), again
+    past = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=10)
+    decided = live("skip", "tick", "--at", past.isoformat())
+    assert decided.returncode == 1 and "already decided" in one_line(decided.stderr), decided
+
+
+def test_a_skipped_slot_of_a_running_job_is_recorded_skipped_with_the_reason(live: Cli) -> None:
+    slot = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=4)
+    live.ok("skip", "tick", "--at", slot.isoformat(), "--reason", "from the cli")
+
+    def decided() -> list[dict[str, Any]] | None:
+        found = [r for r in history(live, "tick") if utc(r["scheduled_at"]) == slot]
+        return found or None
+
+    [record] = poll(decided, timeout=15, what="the skipped slot decided", interval=0.2)
+    assert (record["status"], record["error"]) == ("SKIPPED", "skipped: from the cli"), record
+    assert record["started_at"] is None
+
+
+# --- backfill ---------------------------------------------------------------------------------
+
+
+def test_a_backfill_from_the_command_line_runs_the_years_before_the_job_once(live: Cli) -> None:
+    span = ("--from", "2020-01-01T00:00:00Z", "--to", "2023-01-01T00:00:00Z")
+    dry = live.ok("backfill", "on-demand", *span, "--dry-run")
+    years = ["2020-01-01T00:00:00Z", "2021-01-01T00:00:00Z", "2022-01-01T00:00:00Z"]
+    assert dry.stdout.split() == [*years, "3", "slots", "of", "on-demand", "would", "run"]
+    made = live.json("backfill", "on-demand", *span, "--rate", "0")
+    assert (made["slots"], made["status"], made["rate"]) == (3, "RUNNING", 0.0)
+
+    def ran() -> list[dict[str, Any]] | None:
+        runs = [r for r in history(live, "on-demand") if r["trigger"] == "backfill"]
+        return runs if len(runs) == 3 and all(r["status"] == "COMPLETED" for r in runs) else None
+
+    runs = poll(ran, timeout=20, what="three backfilled years", interval=0.2)
+    assert sorted(r["scheduled_at"] for r in runs) == years
+    assert {r["state"]["saw_trigger"] for r in runs} == {"backfill"}
+
+    def completed() -> dict[str, Any] | None:
+        listed = {b["id"]: b for b in live.json("backfill", "list")}[made["id"]]
+        return listed if listed["status"] == "COMPLETED" else None
+
+    listed = poll(completed, timeout=10, what="the backfill completed", interval=0.2)
+    assert (listed["done"], listed["failed"], listed["left"]) == (3, 0, 0)
+    assert f"{made['id']}" in live.ok("backfill", "list").stdout
+    again = live.ok("backfill", "on-demand", *span, "--dry-run")
+    assert again.stdout.split()[0] == "0", "a completed slot would run again"
+    ended = live("backfill", "cancel", str(made["id"]))
+    assert ended.returncode == 1 and "already COMPLETED" in one_line(ended.stderr), ended
+
+
+def test_a_backfill_refuses_bad_input_and_a_paused_job(live: Cli) -> None:
+    span = ("--from", "2020-01-01T00:00:00Z", "--to", "2021-06-01T00:00:00Z")
+    bad = {
+        ("on-demand", "--from", "2021-01-01T00:00:00Z", "--to", "2020-01-01T00:00:00Z"): (
+            "is not after --from"
+        ),
+        ("on-demand", *span, "--rate", "-1"): "--rate must be between 0",
+        ("on-demand", *span, "--rate", "fast"): "--rate must be a number",
+        ("on-demand", "--from", "yesterday", "--to", "2021-01-01T00:00:00Z"): "--from 'yesterday'",
+        ("on-demand",): "needs --from T1 and --to T2",
+        ("no-such-job", *span): "no-such-job",
+        ("tick", "--from", "2020-01-01T00:00:00Z", "--to", "2020-03-01T00:00:00Z"): (
+            "more than 100000 slots"
+        ),
+        ("cancel",): "needs the backfill's ID",
+        ("cancel", "999999"): "no backfill with id 999999",
+        ("list", "--dry-run"): "takes no --from",
+    }
+    before = live.json("backfill", "list")
+    for argv, said in bad.items():
+        refused = live("backfill", *argv)
+        assert refused.returncode == 2, (argv, refused)
+        assert said in one_line(refused.stderr), (argv, refused.stderr)
+    live.ok("pause", "bf-paused")
+    paused = live("backfill", "bf-paused", *span)
+    assert paused.returncode == 1 and "is paused" in one_line(paused.stderr), paused
+    assert live.json("backfill", "list") == before, "a refused backfill wrote something"
+
+
 # --- restart ----------------------------------------------------------------------------------
 
 
@@ -235,7 +339,7 @@ def test_restart_of_an_execution_that_does_not_exist_is_bad_usage(live: Cli) -> 
 def test_jobs_json_lists_every_registered_job_with_the_contract_fields(live: Cli) -> None:
     records = {r["name"]: r for r in live.json("jobs")}
 
-    assert set(records) == {"tick", "on-demand", "resumable"}
+    assert set(records) == {"tick", "on-demand", "bf-paused", "resumable"}
     for record in records.values():
         assert set(record) >= JOB_FIELDS, JOB_FIELDS - set(record)
         assert record["timezone"] == "UTC"
@@ -251,7 +355,7 @@ def test_jobs_prints_a_table_with_a_header_row(live: Cli) -> None:
     header = lines[0].split()
     assert header[:2] == ["JOB", "SCHEDULE"] and "PAUSED" in header
     names = {line.split()[0] for line in lines[1:]}
-    assert names == {"tick", "on-demand", "resumable"}
+    assert names == {"tick", "on-demand", "bf-paused", "resumable"}
 
 
 def test_instances_json_shows_the_live_instance_as_the_leader(live: Cli) -> None:

@@ -88,6 +88,26 @@ async def test_schedules_are_added_listed_shown_updated_and_removed_from_the_com
     assert [s["id"] for s in cli.json("list")] == [new_id]
 
 
+async def test_a_schedules_own_calendar_window_and_max_runs_from_the_command_line(
+    cli: Cli,
+) -> None:
+    added = cli.json("add", "reports.send", "--cron", "0 9 * * *", "--id", "bounded",
+                     "--timezone", "America/New_York", "--calendar", "holidays:US",
+                     "--exclude-date", "2031-11-26", "--start-at", "2031-11-24T00:00:00Z",
+                     "--end-at", "2031-12-01T00:00:00Z", "--max-runs", "3")  # fmt: skip
+    assert (added["calendar"], added["exclude_dates"], added["max_runs"]) == (
+        "holidays:US",
+        ["2031-11-26"],
+        3,
+    )
+    shown = cli.json("show", "bounded")
+    days = [s[:10] for s in shown["next_slots"]]
+    assert days == ["2031-11-24", "2031-11-25", "2031-11-28", "2031-11-29", "2031-11-30"]
+    changed = cli.json("update", "bounded", "--max-runs", "5", "--exclude-date", "2031-11-28")
+    assert (changed["max_runs"], changed["exclude_dates"]) == (5, ["2031-11-28"])
+    assert changed["calendar"] == "holidays:US", "what is not given stays"
+
+
 @pytest.mark.parametrize(
     ("args", "field"),
     [
@@ -98,6 +118,10 @@ async def test_schedules_are_added_listed_shown_updated_and_removed_from_the_com
         (["add", "reports.send", "--every", "soon"], "--every"),
         (["add", "reports.send", "--every", "5", "--params-json", "[1]"], "params:"),
         (["add", "reports.send", "--every", "5", "--params-json", "{oops"], "params:"),
+        (["add", "reports.send", "--every", "5", "--calendar", "holidays:XX"], "calendar:"),
+        (["add", "reports.send", "--every", "5", "--exclude-date", "soon"], "exclude_dates:"),
+        (["add", "reports.send", "--every", "5", "--start-at", "2031-01-01"], "start_at:"),
+        (["add", "reports.send", "--every", "5", "--max-runs", "0"], "--max-runs"),
         (["add", "reports.send", "--every", "5", "--jitter", "-1"], "jitter:"),
         (["add", "reports.send"], "--cron"),
     ],

@@ -130,4 +130,4 @@ def test_no_input_makes_masking_slow(hostile: str) -> None:
     """A job's error text can be anything; a log line must not cost the loop seconds."""
     started = time.perf_counter()
     mask(hostile)
-    assert time.perf_counter() - started < 0.5
+    assert time.perf_counter() - started < 2.0  # backtracking would take minutes

@@ -342,6 +342,11 @@ def test_options_are_recorded_with_the_contract_defaults(registry: Registry) -> 
         "restartable": True,
         "enabled": True,
         "alert": True,
+        "calendar": None,
+        "exclude_dates": [],
+        "start_at": None,
+        "end_at": None,
+        "max_runs": None,
     }
     assert job.timezone is None
 

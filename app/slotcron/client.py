@@ -19,16 +19,19 @@ an instance recorded it (see :mod:`slotcron.jobs.schedules`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
 from slotcron.clock import DatabaseClock
 from slotcron.config import load_settings
-from slotcron.errors import InvalidJobError
+from slotcron.errors import InvalidJobError, UsageError
+from slotcron.filters import parse_instant
 from slotcron.jobs.schedules import IdTaken, TaskInfo, schedule_json
+from slotcron.store import backfills, skips
 from slotcron.store import schedules as store
 from slotcron.store.database import Database
+from slotcron.text import iso
 
 POOL_SIZE = 2
 PAGE = 1000
@@ -96,9 +99,12 @@ class Client:
         id: str | None = None,
         jitter: float | None = None,
         paused: bool = False,
+        **bounds: Any,
     ) -> dict[str, Any]:
-        """Create a schedule of ``task`` (exactly one of ``cron`` and ``every``); returns it."""
-        item: dict[str, Any] = {"task": task, "paused": paused}
+        """Create a schedule of ``task`` (exactly one of ``cron`` and ``every``); returns it.
+        ``bounds``: its own ``calendar``, ``exclude_dates``, ``start_at``, ``end_at`` and
+        ``max_runs`` (its task's when not given), as on ``@cron``."""
+        item: dict[str, Any] = {"task": task, "paused": paused, **bounds}
         given = {"cron": cron, "every": every, "timezone": timezone, "id": id, "jitter": jitter}
         item.update({k: v for k, v in given.items() if v is not None})
         if params is not None:
@@ -132,8 +138,11 @@ class Client:
         params: Mapping[str, Any] | None = None,
         jitter: float | None = None,
         paused: bool | None = None,
+        **bounds: Any,
     ) -> dict[str, Any]:
-        """Change a schedule from its next slot; what is not given stays. Returns it."""
+        """Change a schedule from its next slot; what is not given stays. Returns it.
+        ``bounds``: its ``calendar``, ``exclude_dates``, ``start_at``, ``end_at``,
+        ``max_runs``; one given as None is taken off."""
         given = {
             "cron": cron,
             "every": every,
@@ -142,7 +151,7 @@ class Client:
             "jitter": jitter,
             "paused": paused,
         }
-        changes = {k: v for k, v in given.items() if v is not None}
+        changes = {k: v for k, v in given.items() if v is not None} | bounds
         record = await store.update(self.db, id, changes, now=await self._now(), by="client")
         return schedule_json(record)
 
@@ -167,3 +176,59 @@ class Client:
             if len(records) < page:
                 break
         return found
+
+    async def skip(self, job: str, at: datetime | str, reason: str | None = None) -> dict[str, Any]:
+        """Record slot ``at`` of ``job`` (a ``@cron``/``@every`` job or a schedule's id) to be
+        ``SKIPPED`` with ``reason`` when it comes. ``at`` is aware, or UTC. A time that is not
+        one of its slots raises :class:`slotcron.errors.UsageError`; a slot already decided,
+        :class:`slotcron.errors.Refused`."""
+        skipped = await skips.skip(
+            self.db, job=job, at=_instant(at), reason=reason or None, now=await self._now()
+        )
+        return {"job": job, "at": iso(skipped.at), "reason": skipped.reason, "skipped": True}
+
+    async def unskip(self, job: str, at: datetime | str) -> None:
+        """Take back the skip of slot ``at`` of ``job`` while it has not come
+        (:class:`slotcron.errors.Refused` once it is decided, or when it is not skipped)."""
+        await skips.unskip(self.db, job=job, at=_instant(at))
+
+    async def backfill(
+        self,
+        job: str,
+        start: datetime | str,
+        end: datetime | str,
+        rate: float | None = None,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        """Run every slot of ``job`` in [``start``, ``end``) that never completed, once, oldest
+        first, at most ``rate`` starts a second (default 10; 0: as fast as capacity allows), on
+        the live instances. Returns the backfill (its ``id``), or with ``dry_run`` the slots it
+        would run. Bad input raises :class:`slotcron.errors.UsageError`; a paused job,
+        :class:`slotcron.errors.Refused`."""
+        return await backfills.request(
+            self.db,
+            job=job,
+            start=_instant(start, "start"),
+            end=_instant(end, "end"),
+            rate=rate,
+            dry_run=dry_run,
+            now=await self._now(),
+            retention_days=self._settings.history_retention_days,
+        )
+
+    async def backfills(self) -> list[dict[str, Any]]:
+        """The newest backfills first, with their progress."""
+        return [b.as_dict() for b in await backfills.listing(self.db)]
+
+    async def cancel_backfill(self, backfill_id: int) -> int:
+        """Stop a backfill; returns how many of its queued runs were recorded SKIPPED."""
+        return await backfills.cancel(self.db, backfill_id, now=await self._now())
+
+
+def _instant(at: datetime | str, what: str = "at") -> datetime:
+    if isinstance(at, str):
+        try:
+            return parse_instant(at)
+        except ValueError as exc:
+            raise UsageError(f"{what} {exc}") from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)

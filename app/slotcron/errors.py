@@ -68,6 +68,10 @@ class Superseded(SlotcronError):
     changed it. Its claims of the job are refused (issue 12, item 5)."""
 
 
+class RunsExhausted(SlotcronError):
+    """The job has completed its ``max_runs``: it has no slot left (nothing is recorded)."""
+
+
 class RowBusy(SlotcronError):
     """The job's row is locked by another claimer right now (the NOWAIT lock was not granted)."""
 

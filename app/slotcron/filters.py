@@ -38,12 +38,17 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
         except (OverflowError, ValueError):  # further back than any datetime: everything
             return EPOCH
         return max(moment, EPOCH)
+    return parse_instant(text, expected="an ISO-8601 time or a duration like 30m, 2h, 7d")
+
+
+def parse_instant(text: str, *, expected: str = "an ISO-8601 time") -> datetime:
+    """An ISO-8601 time (UTC unless it says otherwise), as aware UTC between :data:`EPOCH`
+    and the year 9999; ValueError otherwise."""
+    stripped = text.strip()
     try:
         moment = datetime.fromisoformat(stripped.replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(
-            f"{text!r}: expected an ISO-8601 time or a duration like 30m, 2h, 7d"
-        ) from None
+        raise ValueError(f"{text!r}: expected {expected}") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     try:

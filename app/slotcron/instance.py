@@ -1,4 +1,5 @@
-"""The narrow view of a running instance that the HTTP server reads.
+"""The narrow views of a running instance: :class:`Instance`, what the HTTP server reads, and
+:class:`Identity`, what every part acting for it knows (shutdown's view builds on it too).
 
 The HTTP modules never see the whole :class:`~slotcron.service.service.Service`: they read its
 id, state and settings, its database and clock, the code jobs it holds, whether its background
@@ -35,16 +36,11 @@ class ReplicationSeen(Protocol):
     def replication(self) -> Replication | None: ...
 
 
-class Instance(Protocol):
-    """What HTTP reads of the instance it serves."""
+class Identity(Protocol):
+    """Who the instance is and what it acts with: its id, settings, database and clock."""
 
     @property
     def instance_id(self) -> str: ...
-
-    @property
-    def state(self) -> str:
-        """``starting``, ``running``, ``draining`` or ``stopped``."""
-        ...
 
     @property
     def settings(self) -> Settings: ...
@@ -54,6 +50,15 @@ class Instance(Protocol):
 
     @property
     def clock(self) -> Clock: ...
+
+
+class Instance(Identity, Protocol):
+    """What HTTP reads of the instance it serves."""
+
+    @property
+    def state(self) -> str:
+        """``starting``, ``running``, ``draining`` or ``stopped``."""
+        ...
 
     @property
     def jobs(self) -> Sequence[Job]:

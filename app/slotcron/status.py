@@ -49,6 +49,7 @@ class Trigger(StrEnum):
     CATCHUP = "catchup"
     RETRY = "retry"
     RESTART = "restart"
+    BACKFILL = "backfill"
 
 
 class InstanceState(StrEnum):

@@ -386,19 +386,23 @@ async def test_b_process_paused_past_its_lease_is_fenced_and_overlaps_nothing(
     p = spawn("p", JOBS, **env("pause"))
     q = spawn("q", JOBS, **env("pause"))
 
-    def run_in_flight_on_p() -> Run | None:
-        return in_flight(runs(read_records(records_path)), "p", "paused", 1.0)
+    def run_in_flight() -> Run | None:
+        found = runs(read_records(records_path))
+        return in_flight(found, "p", "paused", 1.0) or in_flight(found, "q", "paused", 1.0)
 
-    held: Run = await until(run_in_flight_on_p, 40, "a run of 'paused' in flight on p")
+    # Whichever instance runs it is paused: one of two may win every race for a while.
+    held: Run = await until(run_in_flight, 40, "a run of 'paused' in flight")
+    name, other = (held.instance, "q" if held.instance == "p" else "p")
+    target = p if name == "p" else q
     # The worst moment: just after a renewal, so that the lease lapses 0.3 s before the process
     # resumes (paused just before one, it lapses earlier and is judged ABANDONED by then).
     await renewed(db, held.id)
-    p.signal(signal.SIGSTOP)
+    target.signal(signal.SIGSTOP)
     paused_at = time.time()
     try:
         await asyncio.sleep(3.3)  # the scenario: a pause a little longer than the lease
     finally:
-        p.signal(signal.SIGCONT)
+        target.signal(signal.SIGCONT)
     resumed_at = time.time()
 
     def played_out() -> bool:
@@ -412,7 +416,7 @@ async def test_b_process_paused_past_its_lease_is_fenced_and_overlaps_nothing(
     exits = await stop(p, q)
 
     found = runs(read_records(records_path))
-    paused = {"p": [(paused_at, resumed_at)]}
+    paused = {name: [(paused_at, resumed_at)]}
     problems = too_long_together(found, stopped_at, paused=paused)
     problems += twice(found)
     by_id = {r.id: r for r in found}
@@ -421,7 +425,7 @@ async def test_b_process_paused_past_its_lease_is_fenced_and_overlaps_nothing(
         "pause",
         together_s=together_seconds(found, stopped_at, paused=paused),
         run_twice=len(slots_run_twice(found)),
-        healthy_abandoned=abandoned_healthy(found, rows, lambda r: r.instance == "q"),
+        healthy_abandoned=abandoned_healthy(found, rows, lambda r: r.instance == other),
         early=len(early_starts(found, TICK)),
         exit=worst_exit(exits),
     )
@@ -434,7 +438,7 @@ async def test_b_process_paused_past_its_lease_is_fenced_and_overlaps_nothing(
         running = (
             holder is not None and holder.start - 0.5 <= at <= (holder.stop or stopped_at) + 0.5
         )
-        if running and holder is not None and holder.instance == "p":
+        if running and holder is not None and holder.instance == name:
             # stopped past its lease: nothing runs, whatever the lease row says
             running = not (paused_at + LEASE + 0.5 < at < resumed_at)
         if not running:
@@ -446,8 +450,8 @@ async def test_b_process_paused_past_its_lease_is_fenced_and_overlaps_nothing(
     if mine.finished or mine.lease_lost is not True:
         seen = "ran to its end" if mine.finished else f"stopped with lease_lost={mine.lease_lost}"
         problems.append(
-            f"run {held.id} on p, paused {resumed_at - paused_at:.1f} s with a {LEASE:g} s lease, "
-            f"{seen}: it was not fenced with ctx.lease_lost set"
+            f"run {held.id} on {name}, paused {resumed_at - paused_at:.1f} s with a {LEASE:g} s "
+            f"lease, {seen}: it was not fenced with ctx.lease_lost set"
         )
     verdict(problems)
 

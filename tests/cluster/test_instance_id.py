@@ -147,9 +147,17 @@ async def test_a_paused_process_whose_id_was_taken_over_starts_nothing_and_exits
     assert rows[held["id"]].status == "ABANDONED"
     [instance] = await instance_rows(db)
     assert (instance.pid, instance.state) == (second.pid, "running"), instance
-    second_ids = {r["id"] for r in started(second.pid)}
     running = [r for r in rows.values() if r.status == "RUNNING"]
-    assert running and all(r.id in second_ids for r in running), (running, second_ids)
+    first_ids = {r["id"] for r in started(first.pid)}
+    assert running and not [r for r in running if r.id in first_ids], (running, first_ids)
+    # Each is a run of the second's: its body records its start (just after the claim's row,
+    # which was read first; under load, a moment after).
+    await asyncio.to_thread(
+        wait_until,
+        lambda: {r.id for r in running} <= {r["id"] for r in started(second.pid)},
+        10,
+        "the second to have started every RUNNING run",
+    )
     second.signal()
     assert await asyncio.to_thread(second.wait, 30) == 0, second.log()
     print(

@@ -228,3 +228,27 @@ async def test_a_code_job_is_409_and_an_unknown_id_404(
     assert (status, answer["field"]) == (404, "id")
     status, answer = await call(client, "PATCH", f"{url}/api/schedules/nope", {"task": "x"})
     assert (status, answer["field"]) == (400, "task")
+
+
+async def test_a_schedules_own_bounds_over_http(
+    db: Database, serve: Any, client: aiohttp.ClientSession
+) -> None:
+    url = await start(db, serve)
+    body = {
+        "task": TASK, "every": 60, "id": "bounded", "calendar": "holidays:US-NY",
+        "exclude_dates": ["2031-12-24"], "end_at": "2031-12-31T00:00:00Z", "max_runs": 10,
+    }  # fmt: skip
+    status, created = await call(client, "POST", f"{url}/api/schedules", body)
+    assert status == 201, created
+    assert (created["calendar"], created["exclude_dates"], created["max_runs"]) == (
+        "holidays:US-NY",
+        ["2031-12-24"],
+        10,
+    )
+    assert created["end_at"] == "2031-12-31T00:00:00+00:00" and created["start_at"] is None
+    where = f"{url}/api/schedules/bounded"
+    status, answer = await call(client, "PATCH", where, {"calendar": "holidays:US-QQ"})
+    assert (status, answer.get("field")) == (400, "calendar"), answer
+    status, patched = await call(client, "PATCH", where, {"calendar": None, "max_runs": None})
+    assert status == 200 and (patched["calendar"], patched["max_runs"]) == (None, None)
+    assert patched["exclude_dates"] == ["2031-12-24"]

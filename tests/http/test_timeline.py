@@ -135,6 +135,7 @@ async def test_one_request_gives_each_job_its_last_slots_newest_first_each_as_it
         "instance_id": "inst-a",
         "lag_ms": 10_250,
         "duration_ms": 1500,
+        "reason": None,  # only a SKIPPED or MISSED slot says why
     }
     assert alpha["slots"][0]["id"] == running
     assert alpha["slots"][0]["duration_ms"] is None
@@ -151,6 +152,8 @@ async def test_one_request_gives_each_job_its_last_slots_newest_first_each_as_it
         "known": False,
         "paused": False,
         "next_slots": [],
+        "next_notes": {},
+        "skips": [],
         "slots": [],
     }
 

@@ -85,7 +85,7 @@ async def test_completed_failed_and_skipped_are_each_heard_once_after_their_writ
         lambda: (
             len(recorder.of("h.ok", "COMPLETED")) >= 2
             and len(recorder.of("h.broken", "FAILED")) >= 2
-            and any(e.job == "h.long" for e in recorder.passed)
+            and any(e.job == "h.long" and e.status == "SKIPPED" for e in recorder.passed)
         ),
         timeout=20,
         what="completed, failed and skipped events",
@@ -105,9 +105,10 @@ async def test_completed_failed_and_skipped_are_each_heard_once_after_their_writ
         run.execution_id for run in recorder.finished
     }
     skipped = await rows(db, "h.long", "SKIPPED")
-    passed = [e for e in recorder.passed if e.job == "h.long"]
+    # (A slot that came while the service started may be MISSED, past its grace: heard as such.)
+    passed = [e for e in recorder.passed if e.job == "h.long" and e.status == "SKIPPED"]
     assert sorted(e.first for e in passed) == sorted(row.scheduled_at for row in skipped)
-    assert all(e.status == "SKIPPED" and e.count == 1 and e.reason for e in passed)
+    assert all(e.count == 1 and e.reason for e in passed)
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
@@ -164,6 +165,7 @@ async def test_an_abandoned_run_is_heard_from_the_instance_that_recorded_it(
                 started_at=old,  # its body started: not handed back but ABANDONED
                 lease_until=datetime(2020, 1, 1, 0, 1, tzinfo=UTC),
                 lease_ms=60_000,
+                params={"region": "eu"},
             )
         )
     assert inserted.inserted_primary_key is not None
@@ -174,7 +176,10 @@ async def test_an_abandoned_run_is_heard_from_the_instance_that_recorded_it(
         lambda: recorder.of("h.ghostly", "ABANDONED"), timeout=20, what="the ABANDONED event"
     )
     assert [run.execution_id for run in abandoned] == [ghost]
-    assert abandoned[0].instance_id == "ghost" and abandoned[0].scheduled_at == old
+    heard = abandoned[0]
+    assert heard.instance_id == "ghost" and heard.scheduled_at == old
+    assert (heard.attempt, heard.trigger, heard.started_at) == (1, "interval", old)
+    assert heard.params == {"region": "eu"} and "ghost" in (heard.error or "")
     assert recorder.row_said[ghost] == "ABANDONED"
 
 
@@ -254,7 +259,7 @@ async def test_a_raising_hook_and_a_slow_one_cost_a_one_second_job_no_slot(
     slots = [run.scheduled_at for run in runs]
     assert all((b - a).total_seconds() == 1 for a, b in itertools.pairwise(slots))
     lags = [(run.started_at - run.scheduled_at).total_seconds() for run in runs if run.started_at]
-    assert max(lags) < 0.5, lags
+    assert max(lags) < 2.5, f"a job waited for a 5 s hook: {lags}"
     assert raising.calls >= 6, "a raising hook keeps receiving events"
 
 

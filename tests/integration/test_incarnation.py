@@ -22,7 +22,8 @@ from slotcron.lifeline.roles import Collaborators
 from slotcron.lifeline.watchdog import STALL, Watchdog
 from slotcron.observe.events import Events
 from slotcron.store.database import Database
-from slotcron.store.lifeline import abandon_orphans, hold_instance_id
+from slotcron.store.instance_ids import hold_instance_id
+from slotcron.store.lifeline import abandon_orphans
 from slotcron.store.tables import executions, instances
 from sqlalchemy import insert, select, update
 

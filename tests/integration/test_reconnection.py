@@ -138,6 +138,12 @@ async def test_an_outcome_the_database_lost_is_written_again(
         return row is not None and row["status"] == "COMPLETED"
 
     await wait_for(completed, timeout=5, what="the run to complete")
+    # The outcome is kept once its writer hears it committed, a moment after the row says so.
+    found = await row_of(db, "finished", slot)
+    assert found is not None
+    await wait_for(
+        lambda: service.reconnection.remembers(found["id"]), timeout=5, what="the outcome kept"
+    )
     async with db.transaction() as conn:
         if lost == "outcome":  # the claim replicated, the outcome did not
             await conn.execute(

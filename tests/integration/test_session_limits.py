@@ -126,6 +126,7 @@ async def test_a_lock_wait_past_the_limit_is_an_outage_not_a_crash(leased: Datab
             async with leased.transaction() as waiter:
                 await waiter.execute(BUMP)
         waited = time.monotonic() - began
-    assert 0.9 < waited < 2.0, f"the lock wait ended after {waited:.2f} s (limit 1 s)"
+    # Unbounded, it would wait for the holder's 10 s.
+    assert 0.9 < waited < 5.0, f"the lock wait ended after {waited:.2f} s (limit 1 s)"
     assert leased.dialect.is_lock_unavailable(caught.value)
     assert not leased.dialect.session_ended(caught.value)

@@ -11,7 +11,7 @@ from slotcron.clock import ManualClock
 from slotcron.lifeline.inflight import Runs
 from slotcron.lifeline.watchdog import STALL, TICK
 from slotcron.store.database import Database
-from slotcron.store.lifeline import hold_instance_id
+from slotcron.store.instance_ids import hold_instance_id
 
 from tests.conftest import wait_for
 from tests.integration.test_incarnation import (

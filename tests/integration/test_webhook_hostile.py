@@ -238,4 +238,4 @@ async def test_a_one_second_job_keeps_its_slots_while_every_alert_gets_a_200_mb_
     )
     assert "MISSED" not in statuses and "SKIPPED" not in statuses
     assert len(settled_lateness) >= 4
-    assert max(settled_lateness) < 0.5
+    assert max(settled_lateness) < 1.0, "the loop is not held while an answer is read"

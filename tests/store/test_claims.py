@@ -13,6 +13,7 @@ from slotcron.status import Status
 from slotcron.store import claims
 from slotcron.store.claims import Claim, Fate
 from slotcron.store.database import Database
+from slotcron.store.execution_rows import execution_row
 from slotcron.store.tables import executions
 from sqlalchemy import text
 
@@ -209,6 +210,8 @@ def test_judge_and_overlap_reason_are_the_rules_every_path_shares() -> None:
             "last_slot_at": None,
             "next_slot_at": None,
             "fingerprint": None,
+            "skip_at": None,
+            "skip_reason": None,
         }
         return SimpleNamespace(**{**values, **kw})
 
@@ -234,11 +237,17 @@ def test_judge_and_overlap_reason_are_the_rules_every_path_shares() -> None:
     assert judge(row(), holder=holder, now=ahead, may_defer=True).fate is Fate.DEFERRED
     overlap = judge(row(), holder=holder)
     assert (overlap.status, overlap.reason) == (Status.SKIPPED, claims.overlap_reason(holder))
+    # An operator's skip, then the job's calendar, come before a pause, a miss and an overlap.
+    skipped = judge(row(skip_at=SLOT, skip_reason="x", paused=True), missed_reason="late")
+    assert (skipped.status, skipped.reason) == (Status.SKIPPED, "skipped: x")
+    assert judge(row(skip_at=SLOT + timedelta(1))).fate is Fate.RUN, "another slot's skip"
+    holiday = judge(row(paused=True), holder=holder, missed_reason="late", excluded="holiday: X")
+    assert (holiday.status, holiday.reason) == (Status.SKIPPED, "holiday: X")
 
 
 async def test_execution_row_is_what_a_claim_inserts(db: Database) -> None:
     await register(db, "job")
-    running = claims.execution_row(
+    running = execution_row(
         job_name="job",
         slot=SLOT,
         trigger="cron",
@@ -248,7 +257,7 @@ async def test_execution_row_is_what_a_claim_inserts(db: Database) -> None:
         lease_ms=LEASE_MS,
         fencing_token=3,
     )
-    skipped = claims.execution_row(
+    skipped = execution_row(
         job_name="job",
         slot=NEXT,
         trigger="cron",
@@ -269,7 +278,7 @@ async def test_execution_row_is_what_a_claim_inserts(db: Database) -> None:
         NOW,
         None,
     )
-    unstarted = claims.execution_row(
+    unstarted = execution_row(
         job_name="job",
         slot=SLOT,
         trigger="cron",

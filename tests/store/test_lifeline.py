@@ -1,5 +1,5 @@
-"""slotcron.store.lifeline: runs whose instance died, handed back or recorded ABANDONED, and the
-instance id held by one live process at a time."""
+"""slotcron.store.lifeline: runs whose instance died, handed back or recorded ABANDONED; and
+slotcron.store.instance_ids: the instance id held by one live process at a time."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 from slotcron.errors import ConfigError
-from slotcron.store import lifeline, markers, registrations
+from slotcron.store import instance_ids, lifeline, markers, registrations
 from slotcron.store.database import Database
 from slotcron.store.tables import executions, instances
 from sqlalchemy import update
@@ -231,7 +231,7 @@ async def instance_rows(db: Database) -> dict[str, tuple[object, ...]]:
 
 async def test_hold_instance_id_takes_a_new_stopped_or_own_row_at_once(db: Database) -> None:
     clock = StepClock(NOW, 0)
-    first = await lifeline.hold_instance_id(db, instance_id="pod-0", lapse=10, clock=clock)
+    first = await instance_ids.hold_instance_id(db, instance_id="pod-0", lapse=10, clock=clock)
     assert len(first) == 32
     row = (await table_rows(db, instances))[0]
     assert (row["host"], row["pid"], row["state"], row["incarnation"]) == (
@@ -240,14 +240,14 @@ async def test_hold_instance_id_takes_a_new_stopped_or_own_row_at_once(db: Datab
         "running",
         first,
     )
-    again = await lifeline.hold_instance_id(
+    again = await instance_ids.hold_instance_id(
         db, instance_id="pod-0", lapse=10, clock=clock, incarnation=first
     )
     assert again == first, "a start-up retried takes its own row back"
     await registrations.set_instance_state(db, instance_id="pod-0", state="stopped", now=NOW)
-    taken = await lifeline.hold_instance_id(db, instance_id="pod-0", lapse=10, clock=clock)
+    taken = await instance_ids.hold_instance_id(db, instance_id="pod-0", lapse=10, clock=clock)
     assert taken != first and clock.slept == 0
-    other = await lifeline.hold_instance_id(db, instance_id="Pod-0", lapse=10, clock=clock)
+    other = await instance_ids.hold_instance_id(db, instance_id="Pod-0", lapse=10, clock=clock)
     assert await instance_rows(db) == {
         "pod-0": (taken, "running", NOW),
         "Pod-0": (other, "running", NOW),
@@ -257,7 +257,7 @@ async def test_hold_instance_id_takes_a_new_stopped_or_own_row_at_once(db: Datab
 async def test_hold_instance_id_refuses_a_live_holder_and_takes_a_dead_ones_row(
     db: Database,
 ) -> None:
-    holder = await lifeline.hold_instance_id(
+    holder = await instance_ids.hold_instance_id(
         db, instance_id="pod-0", lapse=10, clock=StepClock(NOW, 0)
     )
     beats = 0
@@ -271,12 +271,12 @@ async def test_hold_instance_id_refuses_a_live_holder_and_takes_a_dead_ones_row(
             )
 
     with pytest.raises(ConfigError, match="held by a live process"):
-        await lifeline.hold_instance_id(
+        await instance_ids.hold_instance_id(
             db, instance_id="pod-0", lapse=10, clock=StepClock(NOW, 0.25, heartbeat)
         )
     assert (await instance_rows(db))["pod-0"][0] == holder
     # A holder whose heartbeat stays still past the lapse is gone (killed): its row is taken.
     clock = StepClock(NOW + timedelta(seconds=1), 10)
-    taken = await lifeline.hold_instance_id(db, instance_id="pod-0", lapse=10, clock=clock)
+    taken = await instance_ids.hold_instance_id(db, instance_id="pod-0", lapse=10, clock=clock)
     assert clock.slept == 1 and taken != holder
     assert (await instance_rows(db))["pod-0"] == (taken, "running", clock.at)

@@ -3,9 +3,10 @@ through its column's type."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
-from slotcron.jobs.schedules import ScheduleRecord, ScheduleSpec, TaskInfo
+from slotcron.jobs.schedules import ScheduleRecord, ScheduleSpec, TaskInfo, task_bounds
 from slotcron.store import schedule_inserts
 from slotcron.store.database import Database
 from slotcron.store.tables import jobs
@@ -72,3 +73,20 @@ async def test_taken_ids_names_the_ids_a_job_or_schedule_holds(db: Database) -> 
     asked = ["x", "s", "S", "s ", "code-job", "Code-job", "s"]
     assert await schedule_inserts.taken_ids(db, asked) == ["s", "code-job", "s"]
     assert await schedule_inserts.taken_ids(db, []) == []
+
+
+def test_a_rows_options_are_its_tasks_unless_it_has_bounds_of_its_own() -> None:
+    task_options = {"overlap": "allow", "calendar": "holidays:US", "max_runs": None}
+    spec = ScheduleSpec(
+        "s", TASK, "interval", "60", "UTC", {}, None, False,
+        bounds=task_bounds(task_options),
+    )  # fmt: skip
+    assert schedule_inserts.options_of(spec, task_options) is task_options, "shared, not copied"
+    own = replace(spec, bounds={**spec.bounds, "max_runs": 3, "calendar": None})
+    assert schedule_inserts.options_of(own, task_options) == {
+        **task_options,
+        **own.bounds,
+    }
+    assert schedule_inserts.changed_options('{"overlap": "allow"}', spec, spec) == {}
+    changed = schedule_inserts.changed_options('{"overlap": "allow"}', spec, own)
+    assert changed == {"options": {"overlap": "allow", **own.bounds}}

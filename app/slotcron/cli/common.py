@@ -16,12 +16,14 @@ import logging
 import sys
 import sysconfig
 from collections.abc import Callable, Coroutine, Sequence
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn, TextIO
 
 from slotcron.config import Settings
 from slotcron.errors import InvalidJobError, UsageError
+from slotcron.filters import parse_instant
 from slotcron.jobs.registry import REGISTRY, Job
 from slotcron.text import displayable
 
@@ -102,6 +104,19 @@ def text(what: str, longest: int) -> Callable[[str], str]:
                 f"{what} has at most {longest} characters, got {len(value)}"
             )
         return value
+
+    return parse
+
+
+def instant(option: str) -> Callable[[str], datetime]:
+    """An argument type: an ISO-8601 time with its offset (UTC when it gives none), refused
+    naming ``option``."""
+
+    def parse(value: str) -> datetime:
+        try:
+            return parse_instant(text(option, 100)(value))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{option} {exc}") from None
 
     return parse
 

@@ -14,18 +14,21 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
+from slotcron.cli.backfills import cmd_backfill
 from slotcron.cli.common import import_jobs, run_async, say
-from slotcron.cli.operations import cmd_pause, cmd_restart, cmd_trigger
+from slotcron.cli.operations import cmd_pause, cmd_restart, cmd_skip, cmd_trigger
 from slotcron.cli.parser import build_parser
 from slotcron.cli.reads import cmd_history, cmd_instances, cmd_jobs
 from slotcron.cli.schedules import cmd_schedules
 from slotcron.config import Settings, load_settings
 from slotcron.errors import ConfigError, InvalidJobError, Refused, UsageError
+from slotcron.jobs.calendars import excluded
+from slotcron.jobs.registry import Job
 from slotcron.lifeline.outage import DB_ERRORS, describe, refused_login
 from slotcron.observe import logs
-from slotcron.schedule.slots import day_rule, normalise_cron
+from slotcron.schedule.slots import NEVER, Schedule, day_rule, normalise_cron
 from slotcron.text import iso
 
 __all__ = ["COMMANDS", "build_parser", "import_jobs", "main"]
@@ -109,11 +112,33 @@ def cmd_check(settings: Settings, args: argparse.Namespace) -> int:
         say(f"{job.name}  {schedule.describe()}  {zone}{state}")
         if job.kind == "cron" and (rule := day_rule(*normalise_cron(job.expression))):
             say(f"  {rule}")
-        slot = now
-        for _ in range(5):
-            slot = schedule.next_after(slot)
+        for slot in _next_slots(job, schedule, now, job.timezone or settings.timezone):
             say(f"  {iso(slot)}")
     return 0
+
+
+CHECK_SLOTS = 5
+CHECK_AHEAD = timedelta(days=400)
+CHECK_SCAN = 20_000
+"""How far ahead, and through how many slots, ``check`` looks for the next :data:`CHECK_SLOTS`
+slots a job's calendar lets run."""
+
+
+def _next_slots(job: Job, schedule: Schedule, now: datetime, zone: str) -> list[datetime]:
+    """The job's next slots that run: those its calendar or excluded dates skip are left out."""
+    found: list[datetime] = []
+    slot = schedule.next_after(now)
+    for _ in range(CHECK_SCAN):
+        if len(found) == CHECK_SLOTS or slot > now + CHECK_AHEAD or slot >= NEVER:
+            break
+        if excluded(job, slot, zone) is None:
+            found.append(slot)
+        slot = schedule.next_after(slot)
+    if slot >= NEVER:
+        say(f"  (its window ends after {len(found)} more slots)")
+    elif len(found) < CHECK_SLOTS:
+        say(f"  (its calendar leaves {len(found)} of its next slots to run, up to {iso(slot)})")
+    return found
 
 
 COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
@@ -126,8 +151,11 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "trigger": cmd_trigger,
     "pause": cmd_pause,
     "resume": cmd_pause,
+    "skip": cmd_skip,
+    "unskip": cmd_skip,
     "restart": cmd_restart,
     "schedules": cmd_schedules,
+    "backfill": cmd_backfill,
 }
 
 

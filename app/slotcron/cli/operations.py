@@ -1,5 +1,5 @@
-"""``slotcron trigger``, ``pause``, ``resume`` and ``restart``: an operator's requests, queued in
-the database for whichever live instance takes them."""
+"""``slotcron trigger``, ``pause``, ``resume``, ``skip``, ``unskip`` and ``restart``: an
+operator's requests, recorded in the database for whichever live instance takes them."""
 
 from __future__ import annotations
 
@@ -44,6 +44,26 @@ def cmd_pause(settings: Settings, args: argparse.Namespace) -> int:
     )
     state = "paused" if pausing else "resumed"
     say(f"{args.job} {state}" if changed else f"{args.job} was already {state}")
+    return 0
+
+
+def cmd_skip(settings: Settings, args: argparse.Namespace) -> int:
+    """``skip`` and ``unskip``: which one is ``args.command``."""
+    from slotcron.store import skips
+
+    if args.command == "unskip":
+        with_db(settings, lambda db: skips.unskip(db, job=args.job, at=args.at))
+        say(f"{args.job}: slot {iso(args.at)} is no longer skipped")
+        return 0
+
+    async def work(db: Any) -> Any:
+        return await skips.skip(
+            db, job=args.job, at=args.at, reason=args.reason, now=await db.now()
+        )
+
+    done = with_db(settings, work)
+    again = "" if done.created else " (it already was: its reason is replaced)"
+    say(f"{args.job}: slot {iso(done.at)} will be recorded SKIPPED{again}")
     return 0
 
 

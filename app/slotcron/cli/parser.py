@@ -6,7 +6,8 @@ import argparse
 from datetime import datetime
 from typing import Any
 
-from slotcron.cli.common import MAX_ID, MAX_NAME, Parser, bounded_int, param, text
+from slotcron.cli.backfills import add_parser as add_backfill_parser
+from slotcron.cli.common import MAX_ID, MAX_NAME, Parser, bounded_int, instant, param, text
 from slotcron.cli.schedules import add_parser as add_schedules_parser
 from slotcron.filters import parse_since, parse_status
 from slotcron.version import __version__
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_read_commands(commands)
     _add_operation_commands(commands)
     add_schedules_parser(commands)
+    add_backfill_parser(commands)
     return parser
 
 
@@ -84,7 +86,8 @@ def _add_read_commands(commands: Any) -> None:
 
 
 def _add_operation_commands(commands: Any) -> None:
-    """``trigger``, ``pause``, ``resume`` and ``restart``: what an operator asks of the cluster."""
+    """``trigger``, ``pause``, ``resume``, ``skip``, ``unskip`` and ``restart``: what an operator
+    asks of the cluster."""
     trig = commands.add_parser("trigger", help="queue a manual run now, for any live instance")
     trig.add_argument("job", metavar="JOB", type=_job)
     trig.add_argument(
@@ -99,10 +102,16 @@ def _add_operation_commands(commands: Any) -> None:
     for verb, explained in (
         ("pause", "record the job's slots SKIPPED until resumed"),
         ("resume", "run the job's slots again"),
+        ("skip", "record one upcoming slot SKIPPED before it comes"),
+        ("unskip", "take back a skip before its slot comes"),
     ):
         sub = commands.add_parser(verb, help=explained)
         sub.add_argument("job", metavar="JOB", type=_job)
-        if verb == "pause":
+        if verb in ("skip", "unskip"):
+            sub.add_argument(
+                "--at", required=True, type=instant("--at"), metavar="TIME", help="the slot"
+            )
+        if verb in ("pause", "skip"):
             sub.add_argument(
                 "--reason",
                 type=text("--reason", MAX_REASON),

@@ -91,6 +91,24 @@ def _changes(parser: argparse.ArgumentParser) -> None:
         help="the parameters as one JSON object",
     )
     parser.add_argument("--jitter", metavar="S", type=_number("--jitter"))
+    parser.add_argument(
+        "--calendar",
+        metavar="holidays:CC[-SUB]",
+        type=text("--calendar", 64),
+        help="skip the public holidays of a country (or subdivision)",
+    )
+    parser.add_argument(
+        "--exclude-date",
+        dest="exclude_dates",
+        action="append",
+        default=None,
+        metavar="YYYY-MM-DD",
+        type=text("--exclude-date", 10),
+        help="a day to skip (repeatable)",
+    )
+    parser.add_argument("--start-at", metavar="TIME", type=text("--start-at", 64))
+    parser.add_argument("--end-at", metavar="TIME", type=text("--end-at", 64))
+    parser.add_argument("--max-runs", metavar="N", type=bounded_int(10**9))  # fmt: skip
 
 
 def _number(what: str) -> Any:
@@ -128,6 +146,11 @@ def _given(args: argparse.Namespace, who: str) -> dict[str, Any]:
         "timezone": args.timezone,
         "jitter": args.jitter,
         "params": _params(args, who),
+        "calendar": args.calendar,
+        "exclude_dates": args.exclude_dates,
+        "start_at": args.start_at,
+        "end_at": args.end_at,
+        "max_runs": args.max_runs,
     }
     return {k: v for k, v in fields.items() if v is not None}
 

@@ -329,6 +329,8 @@ class Burst:
                     lease_ms=0,
                     forbid_overlap=False,
                     missed_reason=misfire.missed_reason(job, late[k], now),
+                    excluded=self.claimer.excluded(job, late[k]),
+                    max_runs=job.max_runs,
                     check_gap=False,
                     fingerprint=self.claimer.fingerprint(job),
                 )
@@ -357,6 +359,8 @@ class Burst:
             trigger=job.trigger,
             lease_ms=job.lease_ms(self.claimer.default_lease),
             forbid_overlap=job.overlap == "forbid",
+            excluded=self.claimer.excluded(job, slot),
+            max_runs=job.max_runs,
             check_gap=check_gap,
             fingerprint=self.claimer.fingerprint(job),
         )

@@ -13,10 +13,11 @@ import random
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NotRequired, TypedDict, Unpack
 
 from slotcron.engine.supersession import Supersession
-from slotcron.errors import LeaseHeld, RowBusy, SlotTaken, Superseded
+from slotcron.errors import LeaseHeld, RowBusy, RunsExhausted, SlotTaken, Superseded
+from slotcron.jobs.calendars import excluded
 from slotcron.jobs.registry import Job
 from slotcron.lifeline.outage import DB_ERRORS, Backoff, resume_cancellation
 from slotcron.lifeline.roles import Collaborators
@@ -52,6 +53,26 @@ RETRIED: tuple[type[BaseException], ...] = (LeaseHeld, RowBusy, *DB_ERRORS)
 """What a claim waits out and tries again (:meth:`Claimer._again`), until its deadline."""
 
 
+class ClaimAsk(TypedDict):
+    """How one slot is claimed: the keywords :meth:`Claimer.claim` and the firing's ``claim``
+    (which adds the slot's ``following``) both take.
+
+    ``trigger``: what started it (cron, catchup, ...). ``missed_reason``: record the slot
+    ``MISSED`` for this reason instead of running it. ``check_gap`` (default true): refuse with
+    :class:`SlotsUndecided` when earlier slots of the job were never decided. ``give_up_at``:
+    stop trying then, by the scheduler's clock (default :data:`BUSY_DEADLINE` from now).
+    ``wait_for_lease`` (seconds): a ``forbid`` job's slot that finds a run holding the lease
+    waits up to this long for it to end instead of being recorded ``SKIPPED`` at once;
+    ``behind`` (default ``"any"``): ``"catchup"`` waits only for a catch-up run's lease."""
+
+    trigger: str
+    missed_reason: NotRequired[str | None]
+    check_gap: NotRequired[bool]
+    give_up_at: NotRequired[datetime | None]
+    wait_for_lease: NotRequired[float | None]
+    behind: NotRequired[str]
+
+
 @dataclass
 class _Tries:
     """How one claim's retries went so far."""
@@ -70,13 +91,22 @@ class ClaimStats:
 
 
 class Claimer:
-    def __init__(self, shared: Collaborators, *, default_lease: float) -> None:
+    def __init__(
+        self, shared: Collaborators, *, default_lease: float, timezone: str = "UTC"
+    ) -> None:
         self.events = shared.events
         self.db = shared.db
         self.clock = shared.clock
         self.instance_id = shared.instance_id
         self.outage = shared.outage
         self.default_lease = default_lease
+        self.timezone = timezone
+        """The zone of a job that names none: the day its calendar judges a slot by."""
+        self.counted: set[str] = set()
+        """Jobs with ``max_runs``, whose completed runs are counted (the outcomes' writers
+        read it: slotcron.store.counted)."""
+        self.exhausted: set[str] = set()
+        """Jobs whose ``max_runs`` completed: the planners plan them no more."""
         self.stats = ClaimStats()
         self.closing = False
         self.supersession: Supersession | None = None
@@ -84,33 +114,27 @@ class Claimer:
         claim is refused because a newer registration changed the job's schedule."""
 
     async def claim(
-        self,
-        job: Job,
-        slot: datetime,
-        *,
-        trigger: str,
-        following: datetime,
-        missed_reason: str | None = None,
-        check_gap: bool = True,
-        give_up_at: datetime | None = None,
-        wait_for_lease: float | None = None,
-        behind: str = "any",
+        self, job: Job, slot: datetime, *, following: datetime, **ask: Unpack[ClaimAsk]
     ) -> Claim | None:
         """The slot's record if this instance decided its fate, or None if another did (or it
-        could not be claimed before the deadline, or this instance is shutting down).
-
-        ``wait_for_lease`` (seconds): a ``forbid`` job's slot that finds a run holding the
-        lease waits up to this long for it to end (looking again every moment), instead of
-        being recorded ``SKIPPED`` at once; past it, it is. ``behind="catchup"``: only a
-        catch-up run's lease is waited for.
+        could not be claimed before the deadline, or this instance is shutting down). How it
+        claims: :class:`ClaimAsk`.
 
         Raises :class:`SlotsUndecided` (with ``check_gap``) when earlier slots of the job were
-        never decided: the caller accounts for them first. Stops trying at ``give_up_at`` (by
-        the scheduler's clock; default :data:`BUSY_DEADLINE` from now): a slot not decided by
-        then is left undecided, for the misfire policy to account for."""
-        deadline = give_up_at or self.clock.now() + timedelta(seconds=BUSY_DEADLINE)
+        never decided: the caller accounts for them first. A slot not decided by its
+        ``give_up_at`` is left undecided, for the misfire policy to account for."""
+        deadline = ask.get("give_up_at") or self.clock.now() + timedelta(seconds=BUSY_DEADLINE)
+        wait_for_lease = ask.get("wait_for_lease")
         waiting_until = None if wait_for_lease is None else time.monotonic() + wait_for_lease
-        request = self._request(job, slot, trigger, following, missed_reason, check_gap)
+        behind = ask.get("behind", "any")
+        request = self._request(
+            job,
+            slot,
+            ask["trigger"],
+            following,
+            ask.get("missed_reason"),
+            ask.get("check_gap", True),
+        )
         tries = _Tries()
         self.events.claim_began()
         while not self.closing:
@@ -131,6 +155,10 @@ class Claimer:
             except SlotTaken:
                 self.outage.recovered()
                 self.stats.taken += 1
+                return None
+            except RunsExhausted:
+                self.outage.recovered()
+                self._exhausted(job)
                 return None
             except RETRIED as exc:
                 if not await self._again(exc, job, deadline, tries):
@@ -154,6 +182,8 @@ class Claimer:
         check_gap: bool,
     ) -> dict[str, Any]:
         """What every attempt of one slot's claim asks (the moment and the lease wait apart)."""
+        if job.max_runs is not None:
+            self.counted.add(job.name)
         return {
             "job_name": job.name,
             "slot": slot,
@@ -163,11 +193,26 @@ class Claimer:
             "forbid_overlap": job.overlap == "forbid",
             "following": following,
             "missed_reason": missed_reason,
+            "excluded": self.excluded(job, slot),
+            "max_runs": job.max_runs,
             "check_gap": check_gap,
             "fingerprint": self.fingerprint(job),
             # A jittered run's body starts later: its start is stamped then.
             "started": not job.jitter,
         }
+
+    def _exhausted(self, job: Job) -> None:
+        if job.name not in self.exhausted:
+            self.exhausted.add(job.name)
+            log.info(
+                "%s completed its max_runs=%s: no slot of it is planned any more",
+                job.name,
+                job.max_runs,
+            )
+
+    def excluded(self, job: Job, slot: datetime) -> str | None:
+        """Why ``slot`` is recorded SKIPPED by the job's calendar or excluded dates, or None."""
+        return excluded(job, slot, job.timezone or self.timezone)
 
     async def _again(self, exc: BaseException, job: Job, deadline: datetime, tries: _Tries) -> bool:
         """After a claim found the lease held, the row busy, or the database failing: wait a
@@ -226,9 +271,11 @@ class Claimer:
         Whatever is returned in ``held`` was never decided and must be claimed one by one;
         ``undecided`` jobs have earlier slots to account for first. Slots still undecided at
         ``give_up_at`` (an outage) are returned in ``held`` as well, for the same path, which
-        leaves them to the misfire policy."""
+        leaves them to the misfire policy. A job with ``max_runs`` is returned in ``held`` at
+        once: its runs in flight are counted by a claim of its own (slotcron.store.counted)."""
         result = Decided()
-        pending = items
+        alone = [item for item in items if item.max_runs is not None]
+        pending = [item for item in items if item.max_runs is None] if alone else items
         tries = 0
         backoff = Backoff(jitter=0.5)
         start = self.clock.now()
@@ -266,7 +313,7 @@ class Claimer:
             self.stats.busy_retries += len(pending)
             await asyncio.sleep(min(random.uniform(0.002, 0.006) * tries, 0.05))
             pending = await self._still_open(pending, result)
-        result.held = pending
+        result.held = pending + alone if alone else pending
         return result
 
     async def _decided(self, decided: Decided, result: Decided, sent: float) -> None:

@@ -13,10 +13,10 @@ import logging
 from collections.abc import Coroutine, Mapping
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 from slotcron.clock import Clock
-from slotcron.engine.claims import Claimer
+from slotcron.engine.claims import ClaimAsk, Claimer
 from slotcron.engine.late import LateSlots
 from slotcron.engine.permits import Permits
 from slotcron.engine.runner import Runner
@@ -66,29 +66,9 @@ class Firing(LateSlots):
         if task is not None:
             self._claiming.discard(task)  # past the claim: shutdown lets it drain
 
-    async def claim(
-        self,
-        job: Job,
-        slot: datetime,
-        *,
-        trigger: str,
-        missed_reason: str | None = None,
-        check_gap: bool = True,
-        give_up_at: datetime | None = None,
-        wait_for_lease: float | None = None,
-        behind: str = "any",
-    ) -> Claim | None:
-        return await self.claimer.claim(
-            job,
-            slot,
-            trigger=trigger,
-            following=self.schedules[job.name].next_after(slot),
-            missed_reason=missed_reason,
-            check_gap=check_gap,
-            give_up_at=give_up_at,
-            wait_for_lease=wait_for_lease,
-            behind=behind,
-        )
+    async def claim(self, job: Job, slot: datetime, **ask: Unpack[ClaimAsk]) -> Claim | None:
+        following = self.schedules[job.name].next_after(slot)
+        return await self.claimer.claim(job, slot, following=following, **ask)
 
     async def fire(self, job: Job, slot: datetime) -> None:
         """Claim one slot at its time (not ahead) and run it here if this instance won it."""

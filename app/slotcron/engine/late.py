@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Unpack
 
 from slotcron.clock import Clock
-from slotcron.engine.claims import BUSY_DEADLINE, Claimer
+from slotcron.engine.claims import BUSY_DEADLINE, ClaimAsk, Claimer
 from slotcron.engine.permits import Permits
 from slotcron.engine.runner import Runner
 from slotcron.jobs import misfire
@@ -43,18 +43,7 @@ class LateSlots:
     runner: Runner
     permits: Permits
 
-    async def claim(
-        self,
-        job: Job,
-        slot: datetime,
-        *,
-        trigger: str,
-        missed_reason: str | None = None,
-        check_gap: bool = True,
-        give_up_at: datetime | None = None,
-        wait_for_lease: float | None = None,
-        behind: str = "any",
-    ) -> Claim | None:
+    async def claim(self, job: Job, slot: datetime, **ask: Unpack[ClaimAsk]) -> Claim | None:
         raise NotImplementedError
 
     def spawn(self, coro: Coroutine[Any, Any, None], job: Job | None) -> None:

@@ -12,7 +12,7 @@ its retry queued in the same transaction. What was written is announced by the r
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime
 
 from slotcron.lifeline.roles import Collaborators, Role
@@ -38,6 +38,8 @@ class Outcomes(Role):
             None
         )
         """Told of each outcome written (the reconnection check keeps the recent ones)."""
+        self.counted: Collection[str] = ()
+        """Jobs with ``max_runs``: their completed runs are counted as they are recorded."""
 
     async def record(
         self,
@@ -89,7 +91,11 @@ class Outcomes(Role):
         return await self.outage.until_done(
             f"recording the end of {len(batch)} runs",
             lambda: run_store.finish_many(
-                self.db, outcomes, instance_id=self.instance_id, now=self.clock.now()
+                self.db,
+                outcomes,
+                instance_id=self.instance_id,
+                now=self.clock.now(),
+                counted=self.counted,
             ),
         )
 
@@ -106,5 +112,6 @@ class Outcomes(Role):
                 now=self.clock.now(),
                 error=error,
                 retry_backoff=retry_backoff,
+                counted=self.counted,
             ),
         )

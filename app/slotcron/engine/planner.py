@@ -22,7 +22,7 @@ from slotcron.engine.firing import Firing
 from slotcron.jobs import misfire
 from slotcron.jobs.registry import Job
 from slotcron.lifeline.roles import stop_task
-from slotcron.schedule.slots import Schedule
+from slotcron.schedule.slots import NEVER, Schedule
 
 
 class Planner:
@@ -71,6 +71,8 @@ class Planner:
         await self.firing.stop_claiming()
 
     def _push(self, job: Job, slot: datetime) -> None:
+        if slot >= NEVER:  # its window has ended: it has no slot to plan (jobs/windows.py)
+            return
         heapq.heappush(self._heap, (slot, next(self._seq), job))
         self._at_slot[slot] = self._at_slot.get(slot, 0) + 1
 
@@ -135,6 +137,8 @@ class Planner:
                 slot, job = self._pop()
                 if firing.superseded(job.name):
                     continue  # a newer registration's schedule is in force: fired no more here
+                if job.name in firing.claimer.exhausted:
+                    continue  # its max_runs completed: it has no slot left
                 if not self._keeps(job, slot):
                     continue
                 schedule = self._schedules[job.name]

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from aiohttp import web
 
-from slotcron.errors import InvalidJobError, NotFound, QueueFull, Refused
-from slotcron.filters import parse_since, parse_status
+from slotcron.errors import InvalidJobError, NotFound, QueueFull, Refused, UsageError
+from slotcron.filters import parse_instant, parse_since, parse_status
 from slotcron.http.auth import TokenCheck
 from slotcron.http.bridge import ServiceBridge
 from slotcron.http.errors import ApiError
@@ -175,12 +175,7 @@ class AdminApi:
         self.auth.write(request)
         name = _job_name(request)
         body = await _body(request, allowed=("reason",))
-        reason = body.get("reason")
-        if reason is not None and not isinstance(reason, str):
-            raise ApiError(400, "reason must be a string", field="reason")
-        if reason is not None and len(reason) > MAX_REASON:
-            raise ApiError(400, f"reason has at most {MAX_REASON} characters", field="reason")
-        return await self._set_paused(request, name, True, reason or None)
+        return await self._set_paused(request, name, True, _reason(body))
 
     async def resume(self, request: web.Request) -> web.Response:
         self.auth.write(request)
@@ -264,6 +259,16 @@ def _integer(query: dict[str, str], field: str, default: int, *, low: int, high:
     if not low <= value <= high:
         raise ApiError(400, f"{field} must be between {low} and {high}, got {value}", field=field)
     return value
+
+
+def _reason(body: dict[str, Any]) -> str | None:
+    """A body's optional ``reason`` (a pause's, a skip's), checked; None when blank."""
+    reason = body.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise ApiError(400, "reason must be a string", field="reason")
+    if reason is not None and len(reason) > MAX_REASON:
+        raise ApiError(400, f"reason has at most {MAX_REASON} characters", field="reason")
+    return reason or None
 
 
 def _job_name(request: web.Request) -> str:
@@ -350,3 +355,30 @@ def _audit(request: web.Request, what: str) -> None:
     if reads is not None:
         reads.forget()
     log.info("admin API: %s (from %s)", what, request.remote)
+
+
+def _instant(value: Any, field: str, wanted: str) -> datetime:
+    """A body's or query's ISO-8601 time ``field`` (``wanted`` says what it is when missing)."""
+    if value is None:
+        raise ApiError(400, f"{field} is required: {wanted}", field=field)
+    if not isinstance(value, str) or len(value) > 100:
+        raise ApiError(400, f"{field} must be an ISO-8601 time", field=field)
+    try:
+        return parse_instant(value)
+    except ValueError as exc:
+        raise ApiError(400, f"{field} {exc}", field=field) from None
+
+
+async def _operation(
+    bridge: ServiceBridge, work: Any, *, bad: Callable[[UsageError], ApiError]
+) -> Any:
+    """Run an operator's write: an unknown job or id is 404 (``name``), bad input the error
+    ``bad`` makes of it (400 naming the field), a refusal 409."""
+    try:
+        return await bridge.call(work)
+    except NotFound as exc:
+        raise ApiError(404, str(exc), field="name") from None
+    except UsageError as exc:
+        raise bad(exc) from None
+    except Refused as exc:
+        raise ApiError(409, str(exc)) from None

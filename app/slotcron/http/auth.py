@@ -48,6 +48,8 @@ FAILURE_WINDOW = 60.0
 """Seconds a peer's failed attempts are remembered."""
 FREE_FAILURES = 3
 """Failures within the window answered at once (a mistyped token is not an attack)."""
+FIRST_DELAY = 0.1
+"""Seconds the first failure past :data:`FREE_FAILURES` waits; each further one doubles it."""
 MAX_DELAY = 2.0
 LOG_EVERY = 10.0
 _PEERS = 4096
@@ -149,7 +151,7 @@ class TokenCheck:
             entry.logged_at = now
             entry.unlogged = 0
         if entry.count > FREE_FAILURES:
-            error.delay = min(MAX_DELAY, 0.1 * 2 ** (entry.count - FREE_FAILURES - 1))
+            error.delay = min(MAX_DELAY, FIRST_DELAY * 2 ** (entry.count - FREE_FAILURES - 1))
         return error
 
 

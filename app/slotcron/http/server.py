@@ -30,11 +30,13 @@ from aiohttp.web_protocol import RequestHandler
 from slotcron.errors import ConfigError
 from slotcron.http.api import READS_KEY, AdminApi
 from slotcron.http.auth import HostCheck, TokenCheck
+from slotcron.http.backfills import BackfillsApi
 from slotcron.http.bridge import ServiceBridge
 from slotcron.http.errors import ApiError, json_errors
 from slotcron.http.probes import Probes
 from slotcron.http.reads import AdminReads
 from slotcron.http.schedules import SchedulesApi
+from slotcron.http.skips import SkipsApi
 from slotcron.http.timeline import TimelineApi
 from slotcron.instance import Instance, ReplicationSeen
 from slotcron.observe.metrics import InstanceCollector, PrometheusMetrics, Scraped
@@ -363,6 +365,8 @@ def build_app(
     app.router.add_post("/api/executions/{id}/restart", api.restart)
     TimelineApi(instance, auth, reads).register(app)
     SchedulesApi(instance, auth, reads, bridge).register(app)
+    SkipsApi(instance, auth, bridge).register(app)
+    BackfillsApi(instance, auth, bridge).register(app)
     for path, (name, content_type) in _STATIC.items():
         app.router.add_get(path, _static(name, content_type))
     return app

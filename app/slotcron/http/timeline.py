@@ -5,7 +5,10 @@
 schedule id works the same way: it is the ``job`` of its executions), its last ``limit``
 slots, newest first, each slot as its latest attempt (``id``, ``slot``, ``status``,
 ``attempt``, ``trigger``, ``instance_id``, ``lag_ms``, ``duration_ms``), and its next ``next``
-slots not yet decided. ``job`` repeats (a job name may hold a comma); one request serves a
+slots not yet decided, with ``next_notes`` (``{slot: why}``: those that will be recorded
+``SKIPPED``, by an operator's skip or the job's calendar) and ``skips`` (``[{"at", "reason"}]``:
+the upcoming slots an operator skipped). A ``SKIPPED`` or ``MISSED`` cell has its ``reason``.
+``job`` repeats (a job name may hold a comma); one request serves a
 page of jobs, with one bounded query per job.
 
 ``GET /api/executions/{id}`` → one execution, as in ``/api/executions`` (what a timeline cell
@@ -27,10 +30,12 @@ from aiohttp import web
 from slotcron.http.auth import TokenCheck
 from slotcron.http.errors import ApiError
 from slotcron.http.reads import AdminReads
+from slotcron.jobs.calendars import excluded
 from slotcron.jobs.registry import Job
 from slotcron.records import execution_json
 from slotcron.store import timeline as store
 from slotcron.store.database import Database
+from slotcron.store.skips import skip_reason
 from slotcron.text import iso
 
 if TYPE_CHECKING:
@@ -67,19 +72,7 @@ class TimelineApi:
 
         async def produce(db: Database) -> dict[str, Any]:
             found = await store.timelines(db, names, limit=limit)
-            return {
-                "timelines": [
-                    {
-                        "job": t.job,
-                        "known": t.known,
-                        "paused": t.paused,
-                        "next_slots": [iso(s) for s in self._next_slots(t, upcoming)],
-                        "slots": [_cell_json(c) for c in t.cells],
-                    }
-                    for t in found
-                ],
-                "limit": limit,
-            }
+            return {"timelines": [self._json(t, upcoming) for t in found], "limit": limit}
 
         key = f"timeline:{limit}:{upcoming}:" + "\x00".join(names)
         return await self.reads.respond(request, key, produce)
@@ -123,6 +116,32 @@ class TimelineApi:
                 slots.append(schedule.next_after(slots[-1]))
         return slots
 
+    def _json(self, found: store.JobTimeline, upcoming: int) -> dict[str, Any]:
+        slots = self._next_slots(found, upcoming)
+        return {
+            "job": found.job,
+            "known": found.known,
+            "paused": found.paused,
+            "next_slots": [iso(s) for s in slots],
+            "next_notes": self._notes(found, slots),
+            "skips": [{"at": iso(at), "reason": why} for at, why in found.skips],
+            "slots": [_cell_json(c) for c in found.cells],
+        }
+
+    def _notes(self, found: store.JobTimeline, slots: list[datetime]) -> dict[str, str]:
+        """Why some of the next ``slots`` will be recorded SKIPPED: an operator's skip, or a day
+        the job's calendar excludes (when this instance has its code)."""
+        notes: dict[str, str] = {}
+        skipped = dict(found.skips)
+        job = self._code_jobs.get(found.job)
+        zone = (job.timezone if job else None) or self.instance.settings.timezone
+        for slot in slots:
+            if slot in skipped:
+                notes[iso(slot)] = skip_reason(skipped[slot])
+            elif job is not None and (why := excluded(job, slot, zone)) is not None:
+                notes[iso(slot)] = why
+        return notes
+
 
 def _cell_json(cell: store.SlotCell) -> dict[str, Any]:
     return {
@@ -134,6 +153,7 @@ def _cell_json(cell: store.SlotCell) -> dict[str, Any]:
         "instance_id": cell.instance_id,
         "lag_ms": cell.lag_ms,
         "duration_ms": cell.duration_ms,
+        "reason": cell.reason,
     }
 
 

@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from slotcron.errors import InvalidJobError
+from slotcron.jobs.calendars import check_calendar, check_exclude_dates
+from slotcron.jobs.windows import check_max_runs, check_moment
 
 MAX_NAME_LENGTH = 200
 MIN_INTERVAL = 1.0
@@ -128,6 +130,11 @@ _OPTION_CHECKS: dict[str, Callable[[str, str, Any], Any]] = {
     "restartable": _flag,
     "enabled": _flag,
     "alert": _flag,
+    "calendar": check_calendar,
+    "exclude_dates": check_exclude_dates,
+    "start_at": check_moment,
+    "end_at": check_moment,
+    "max_runs": check_max_runs,
 }
 """Each option of :meth:`Job.options` and its check."""
 

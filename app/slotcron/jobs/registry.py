@@ -4,14 +4,22 @@ schedules are data (docs/how-to/runtime-schedules.md); all checked when declared
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import date, datetime, timedelta
 from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
 from slotcron.errors import InvalidJobError
 from slotcron.jobs.checks import MIN_INTERVAL, check_options, name_problem
-from slotcron.schedule.slots import IntervalSchedule, Schedule, normalise_cron, shared, zone_problem
+from slotcron.jobs.windows import check_window
+from slotcron.schedule.slots import (
+    IntervalSchedule,
+    Schedule,
+    normalise_cron,
+    shared,
+    windowed,
+    zone_problem,
+)
 
 JobFunc = Callable[..., Awaitable[None]]
 F = TypeVar("F", bound=JobFunc)
@@ -39,6 +47,16 @@ class Job:
     alert: bool = True
     """Whether this job's outcomes worth attention go to the alert webhook
     (app/slotcron/observe/alerts.py)."""
+    calendar: str | None = None
+    """``holidays:CC[-SUB]``: its holidays' slots are recorded SKIPPED (jobs/calendars.py)."""
+    exclude_dates: frozenset[date] = frozenset()
+    """Days whose slots are recorded SKIPPED, in the job's time zone."""
+    start_at: datetime | None = None
+    """No slot before it (jobs/windows.py)."""
+    end_at: datetime | None = None
+    """No slot at or after it."""
+    max_runs: int | None = None
+    """No slot once this many of its runs completed, across the cluster (store/counted.py)."""
     takes_context: bool = field(default=False, compare=False)
 
     @property
@@ -47,9 +65,12 @@ class Job:
         return "cron" if self.kind == "cron" else "interval"
 
     def schedule(self, default_timezone: str = "UTC") -> Schedule:
+        slots: Schedule
         if self.kind == "cron":
-            return shared(self.expression, self.timezone or default_timezone)
-        return IntervalSchedule(timedelta(seconds=float(self.expression)))
+            slots = shared(self.expression, self.timezone or default_timezone)
+        else:
+            slots = IntervalSchedule(timedelta(seconds=float(self.expression)))
+        return windowed(slots, self.start_at, self.end_at)
 
     def lease_seconds(self, default: float) -> float:
         return self.lease if self.lease is not None else default
@@ -72,6 +93,11 @@ class Job:
             "restartable": self.restartable,
             "enabled": self.enabled,
             "alert": self.alert,
+            "calendar": self.calendar,
+            "exclude_dates": sorted(d.isoformat() for d in self.exclude_dates),
+            "start_at": None if self.start_at is None else self.start_at.isoformat(),
+            "end_at": None if self.end_at is None else self.end_at.isoformat(),
+            "max_runs": self.max_runs,
         }
 
 
@@ -151,6 +177,11 @@ class JobOptions(TypedDict, total=False):
     restartable: bool
     enabled: bool
     alert: bool
+    calendar: str | None
+    exclude_dates: Iterable[date | str]
+    start_at: datetime | str | None
+    end_at: datetime | str | None
+    max_runs: int | None
     registry: Registry | None
 
 
@@ -168,6 +199,11 @@ DEFAULTS: JobOptions = {
     "restartable": True,
     "enabled": True,
     "alert": True,
+    "calendar": None,
+    "exclude_dates": (),
+    "start_at": None,
+    "end_at": None,
+    "max_runs": None,
     "registry": None,
 }
 
@@ -206,6 +242,8 @@ def _build(
             raise InvalidJobError(job_name, "schedule", str(exc)) from None
     if timezone is not None and (problem := zone_problem(timezone)) is not None:
         raise InvalidJobError(job_name, "timezone", problem)
+    checked = check_options(job_name, options)
+    check_window(job_name, checked.get("start_at"), checked.get("end_at"))
     job = Job(
         name=job_name,
         func=func,
@@ -213,7 +251,7 @@ def _build(
         expression=expression,
         timezone=timezone,
         takes_context=takes_context,
-        **check_options(job_name, options),
+        **checked,
     )
     (REGISTRY if registry is None else registry).add(job)
     return job

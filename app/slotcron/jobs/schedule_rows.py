@@ -45,8 +45,9 @@ def read_row(row: Any) -> ScheduleSpec:
         except InvalidJobError as exc:
             problems["jitter"] = exc.problem
             jitter = None
+    bounds: dict[str, Any] = {}
     try:
-        stored_options(who, row.options)
+        bounds = _bounds(stored_options(who, row.options))
     except InvalidJobError as exc:
         problems["options"] = exc.problem
     shape: Literal["cron", "interval"] = "interval" if kind == "interval" else "cron"
@@ -61,8 +62,34 @@ def read_row(row: Any) -> ScheduleSpec:
         bool(getattr(row, "paused", False)),  # not read by the firing: its claims do
     )
     if problems:
-        return UnreadableSpec(*values, problems=problems)
-    return ScheduleSpec(*values)
+        return UnreadableSpec(*values, bounds=bounds, problems=problems)
+    return ScheduleSpec(*values, bounds=bounds)
+
+
+def _bounds(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A schedule's :data:`slotcron.jobs.schedules.BOUNDS` in their stored form, from its
+    options as checked (dates and times typed)."""
+    return _stored_bounds(
+        options.get("calendar"),
+        tuple(sorted(options.get("exclude_dates") or ())),
+        options.get("start_at"),
+        options.get("end_at"),
+        options.get("max_runs"),
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _stored_bounds(
+    calendar: Any, days: tuple[Any, ...], start: Any, end: Any, max_runs: Any
+) -> dict[str, Any]:
+    """Shared by the schedules that have the same (a task's): read it, never change it."""
+    return {
+        "calendar": calendar,
+        "exclude_dates": [day.isoformat() for day in days],
+        "start_at": None if start is None else start.isoformat(),
+        "end_at": None if end is None else end.isoformat(),
+        "max_runs": max_runs,
+    }
 
 
 @functools.lru_cache(maxsize=4096)

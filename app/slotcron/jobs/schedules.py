@@ -26,10 +26,11 @@ import math
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any, Literal
 
 from slotcron.errors import Refused
+from slotcron.jobs.calendars import check_calendar, check_exclude_dates, excluded
 from slotcron.jobs.checks import MAX_NAME_LENGTH
 from slotcron.jobs.schedule_fields import (
     check_flag,
@@ -41,14 +42,20 @@ from slotcron.jobs.schedule_fields import (
     check_zone,
     refuse,
 )
-from slotcron.schedule.slots import IntervalSchedule, Schedule, shared
+from slotcron.jobs.windows import check_max_runs, check_moment, check_window, stored_moment
+from slotcron.schedule.slots import NEVER, IntervalSchedule, Schedule, shared, windowed
 from slotcron.text import iso
 
-FIELDS = ("task", "id", "cron", "every", "timezone", "params", "jitter", "paused")
+BOUNDS = ("calendar", "exclude_dates", "start_at", "end_at", "max_runs")
+"""A schedule's own days and window (its task's when it gives none): stored with its task's
+options in the row's ``options``, where the instances read them as a decorator's."""
+
+FIELDS = ("task", "id", "cron", "every", "timezone", "params", "jitter", "paused", *BOUNDS)
 """What a new schedule may say (the POST body, the client's keywords)."""
 
-CHANGEABLE = ("cron", "every", "timezone", "params", "jitter", "paused")
-"""What an update may change (the PATCH body); the id and the task stay."""
+CHANGEABLE = ("cron", "every", "timezone", "params", "jitter", "paused", *BOUNDS)
+"""What an update may change (the PATCH body); the id and the task stay. A bound given as
+null is taken off."""
 
 
 class IdTaken(Refused):
@@ -86,15 +93,37 @@ class ScheduleSpec:
     params: dict[str, Any]
     jitter: float | None
     paused: bool
+    bounds: Mapping[str, Any] = field(default_factory=dict)
+    """Its :data:`BOUNDS` in force, as stored (JSON: ISO-8601 texts); empty on a spec read
+    without them."""
 
     def schedule(self) -> Schedule:
+        slots: Schedule
         if self.kind == "cron":
-            return shared(self.expression, self.timezone)
-        return IntervalSchedule(timedelta(seconds=float(self.expression)))
+            slots = shared(self.expression, self.timezone)
+        else:
+            slots = IntervalSchedule(timedelta(seconds=float(self.expression)))
+        start, end = self.bounds.get("start_at"), self.bounds.get("end_at")
+        return windowed(slots, stored_moment(start), stored_moment(end))
 
-    def timing(self) -> tuple[str, str, str]:
+    def timing(self) -> tuple[Any, ...]:
         """What decides the slots: a change of it moves the next slot, nothing else does."""
-        return self.kind, self.expression, self.timezone
+        return (
+            self.kind, self.expression, self.timezone,
+            self.bounds.get("start_at"), self.bounds.get("end_at"),
+        )  # fmt: skip
+
+    @property
+    def calendar(self) -> str | None:
+        return self.bounds.get("calendar")
+
+    @property
+    def exclude_dates(self) -> frozenset[date]:
+        return frozenset(date.fromisoformat(d) for d in self.bounds.get("exclude_dates") or ())
+
+    def runs_on(self, slot: datetime) -> bool:
+        """Whether ``slot`` runs (its day is not excluded by its calendar or a date)."""
+        return excluded(self, slot, self.timezone) is None
 
 
 @dataclass(frozen=True)
@@ -164,6 +193,8 @@ def new_spec(
     params = check_params(who, fields.get("params", {}))
     jitter = check_jitter(who, fields.get("jitter"))
     paused = check_flag(who, "paused", fields.get("paused", False))
+    given_bounds = any(key in fields for key in BOUNDS)
+    bounds = check_bounds(who, fields, task.options) if given_bounds else task_bounds(task.options)
     schedule_id = f"{name}/{uuid.uuid4().hex[:12]}" if given_id is None else who
     if len(schedule_id) > MAX_NAME_LENGTH:
         raise refuse(
@@ -178,7 +209,41 @@ def new_spec(
         params=params,
         jitter=jitter,
         paused=paused,
+        bounds=bounds,
     )
+
+
+def check_bounds(who: str, given: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    """A schedule's :data:`BOUNDS`: each one ``given`` checked as a decorator's option (None
+    takes it off), the others as in ``base`` (its task's options, or the schedule's bounds
+    before an update), in their stored form."""
+    merged = {key: given[key] if key in given else base.get(key) for key in BOUNDS}
+    start = check_moment(who, "start_at", merged["start_at"])
+    end = check_moment(who, "end_at", merged["end_at"])
+    check_window(who, start, end)
+    days = check_exclude_dates(who, "exclude_dates", merged["exclude_dates"] or ())
+    return {
+        "calendar": check_calendar(who, "calendar", merged["calendar"]),
+        "exclude_dates": sorted(day.isoformat() for day in days),
+        "start_at": None if start is None else start.isoformat(),
+        "end_at": None if end is None else end.isoformat(),
+        "max_runs": check_max_runs(who, "max_runs", merged["max_runs"]),
+    }
+
+
+_TASK_BOUNDS: dict[int, tuple[Mapping[str, Any], dict[str, Any]]] = {}
+
+
+def task_bounds(task_options: Mapping[str, Any]) -> dict[str, Any]:
+    """The bounds of a schedule that gives none: its task's, checked once per options object (a
+    batch of 100,000 schedules shares one). Shared: read it, never change it."""
+    seen = _TASK_BOUNDS.get(id(task_options))
+    if seen is None or seen[0] is not task_options:
+        if len(_TASK_BOUNDS) > 256:
+            _TASK_BOUNDS.clear()
+        seen = (task_options, check_bounds("?", {}, task_options))
+        _TASK_BOUNDS[id(task_options)] = seen
+    return seen[1]
 
 
 def changed_spec(current: ScheduleSpec, changes: Mapping[str, Any]) -> ScheduleSpec:
@@ -205,6 +270,8 @@ def changed_spec(current: ScheduleSpec, changes: Mapping[str, Any]) -> ScheduleS
         unread.pop("jitter", None)
     if changes.get("paused") is not None:
         spec = replace(spec, paused=check_flag(who, "paused", changes["paused"]))
+    if any(key in changes for key in BOUNDS):
+        spec = replace(spec, bounds=check_bounds(who, changes, spec.bounds))
     for name, problem in unread.items():
         mend = "give a new one" if name in CHANGEABLE else "remove the schedule and add it again"
         raise refuse(who, name, f"the stored value cannot be read ({problem}): {mend}")
@@ -212,14 +279,23 @@ def changed_spec(current: ScheduleSpec, changes: Mapping[str, Any]) -> ScheduleS
 
 
 def next_slots(record: ScheduleRecord, count: int) -> list[datetime]:
-    """The schedule's next ``count`` slots from its stored next slot (none when unreadable)."""
+    """The schedule's next ``count`` slots that run, from its stored next slot (its excluded
+    days left out; none when unreadable, or past its window's end)."""
     if record.next_slot is None or record.error is not None:
         return []
-    schedule = record.spec.schedule()
-    slots = [record.next_slot]
-    while len(slots) < count:
-        slots.append(schedule.next_after(slots[-1]))
+    spec = record.spec
+    schedule = spec.schedule()
+    slots: list[datetime] = []
+    slot, looked = record.next_slot, 0
+    while len(slots) < count and slot != NEVER and looked < MAX_LOOKED:
+        if spec.runs_on(slot):
+            slots.append(slot)
+        slot, looked = schedule.next_after(slot), looked + 1
     return slots
+
+
+MAX_LOOKED = 1000
+"""Slots :func:`next_slots` looks at, at most: a calendar excludes some days, never all."""
 
 
 _iso = functools.lru_cache(maxsize=1024)(iso)
@@ -240,10 +316,13 @@ def schedule_json(record: ScheduleRecord) -> dict[str, Any]:
         "params": spec.params,
         "jitter": spec.jitter,
         "paused": spec.paused,
+        **{key: spec.bounds.get(key) for key in BOUNDS},
         "created_at": _iso(record.created_at),
         "updated_at": _iso(record.updated_at),
-        "next_slot": _iso(record.next_slot),
+        "next_slot": _iso(record.next_slot) if record.next_slot != NEVER else None,
     }
+    if not shape["exclude_dates"]:
+        shape["exclude_dates"] = []
     if isinstance(spec, UnreadableSpec):
         shape["error"] = spec.error
         if "params" in spec.problems:

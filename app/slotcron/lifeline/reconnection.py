@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -75,6 +75,8 @@ class Reconnection(Role):
         self.window = REMEMBER_LEASES * lease
         self._next_slot = next_slot
         self._recent: deque[Recorded] = deque(maxlen=REMEMBER_MAX)
+        self.counted: Collection[str] = ()
+        """Jobs with ``max_runs``: a completed run written again is counted again."""
         self._wake = asyncio.Event()
         self.pending = False
         """A check is due or under way (an outage just ended): until it is done, only it judges
@@ -102,6 +104,10 @@ class Reconnection(Role):
         while recent and now - recent[0].at > self.window:
             recent.popleft()
         recent.append(Recorded(claim, status, error, started_at, self.clock.now(), now))
+
+    def remembers(self, execution_id: int) -> bool:
+        """Whether the outcome of run ``execution_id`` is among those kept to be written again."""
+        return any(r.claim.execution_id == execution_id for r in self._recent)
 
     def reconnected(self) -> None:
         """A database call succeeded after an outage: look at what the database kept."""
@@ -229,7 +235,7 @@ class Reconnection(Role):
             rows, self._unwritten = self._unwritten, []
             try:
                 self.restored += await store.restore_rows(
-                    self.db, rows, instance_id=self.instance_id
+                    self.db, rows, instance_id=self.instance_id, counted=self.counted
                 )
             except BaseException:
                 self._unwritten = rows + self._unwritten
@@ -246,11 +252,15 @@ class Reconnection(Role):
             [(r.claim.key, r.status, r.error) for r in recent],
             instance_id=self.instance_id,
             now=self.clock.now(),
+            counted=self.counted,
         )
         found = await store.find_runs(self.db, [r.claim.key for r in recent])
         gone = [r for r in recent if r.claim.key not in found]
         restored = await store.restore_rows(
-            self.db, [self._lost(r) for r in gone], instance_id=self.instance_id
+            self.db,
+            [self._lost(r) for r in gone],
+            instance_id=self.instance_id,
+            counted=self.counted,
         )
         self.restored += len(rewritten) + restored
         if rewritten or restored:

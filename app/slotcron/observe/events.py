@@ -296,14 +296,14 @@ class Events:
                 found.job_name,
                 found.scheduled_at,
                 found.execution_id,
-                getattr(found, "attempt", None),
-                getattr(found, "trigger", None),
+                found.attempt,
+                found.trigger,
                 found.instance_id,
                 "ABANDONED",
-                started_at=getattr(found, "started_at", None),
+                started_at=found.started_at,
                 finished_at=now,
-                error=getattr(found, "error", None) or _lapsed(found, at_start_up),
-                params=getattr(found, "params", None) or {},
+                error=found.error or _lapsed(found, at_start_up),
+                params=found.params,
             )
             self._finished_run(run, Ending(abandoned=found, at_start_up=at_start_up))
 

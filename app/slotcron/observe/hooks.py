@@ -31,8 +31,9 @@ class RunEvent(NamedTuple):
     this instance (``status`` says how its body ended: ``STOPPED`` when fencing stopped it).
     ``lag_seconds``: from the slot to the body's start, by the database's clock;
     ``duration_seconds``: the body's run time. For an ``ABANDONED`` run (found by the leader or
-    at start-up), ``instance_id`` is the instance that let its lease lapse, the times of its body
-    are unknown (None), and ``attempt``/``trigger`` are None when the record found did not say.
+    at start-up), ``instance_id`` is the instance that let its lease lapse, ``started_at`` its
+    body's recorded start, ``error`` why it was abandoned, and its lag and duration are
+    unknown (None).
 
     Immutable, one shared by every listener (a named tuple: built for every run, it must be
     cheap).

@@ -207,6 +207,38 @@ class IntervalSchedule:
         return EPOCH + timedelta(microseconds=(elapsed // step + 1) * step)
 
 
+NEVER = datetime(9999, 12, 31, tzinfo=UTC)
+"""The next slot of a schedule whose window has ended: later than any slot; a planner drops a job
+whose next slot it is (:class:`Windowed`)."""
+
+
+@dataclass(frozen=True)
+class Windowed:
+    """``inner``'s slots from ``start`` (included) to ``end`` (excluded); after the last one,
+    :data:`NEVER`. Described as ``inner`` is: the window is an option, not the schedule."""
+
+    inner: Schedule
+    start: datetime | None
+    end: datetime | None
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def next_after(self, moment: datetime) -> datetime:
+        if self.end is not None and moment >= self.end:
+            return NEVER
+        if self.start is not None and moment < self.start:
+            moment = self.start - timedelta(microseconds=1)
+        slot = self.inner.next_after(moment)
+        return NEVER if self.end is not None and slot >= self.end else slot
+
+
+def windowed(slots: Schedule, start: datetime | None, end: datetime | None) -> Schedule:
+    """``slots`` within [``start``, ``end``) (:class:`Windowed`), or ``slots`` itself when
+    neither bound is given."""
+    return slots if start is None and end is None else Windowed(slots, start, end)
+
+
 def _micros(delta: timedelta) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 

@@ -4,12 +4,14 @@ from. Each takes plain values and returns what it built (no step sees the servic
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from slotcron.clock import Clock, DatabaseClock
 from slotcron.config import Settings
+from slotcron.engine.backfilling import Backfilling
 from slotcron.engine.burst import Burst
 from slotcron.engine.claims import Claimer
 from slotcron.engine.firing import Firing
@@ -106,6 +108,7 @@ class Engine:
     schedule_planner: RuntimePlanner
     runtime: Runtime
     queued: QueuedRuns
+    backfilling: Backfilling
     period: float
     """Seconds between the roles' looks (heartbeat, queue): several to the shortest lease."""
 
@@ -118,10 +121,10 @@ def engine(
     tasks: Sequence[Job],
     runs: Runs,
 ) -> Engine:
-    """The claimer, the runner and the outcome writer, firing and its planners (code jobs',
-    runtime schedules'), the queue of manual runs and retries, and the reconnection check."""
+    """The claimer, runner, outcome writer, firing and its planners (code jobs', runtime
+    schedules'), the queue of manual runs, the backfills' carrier, the reconnection check."""
     schedules = JobSchedules({job.name: job.schedule(settings.timezone) for job in jobs})
-    claimer = Claimer(shared, default_lease=settings.lease_seconds)
+    claimer = Claimer(shared, default_lease=settings.lease_seconds, timezone=settings.timezone)
     described = {
         job.name: f"{schedules[job.name].describe()} ({job.timezone or settings.timezone})"
         for job in jobs
@@ -132,6 +135,8 @@ def engine(
         shared, runs=runs, lease=settings.lease_seconds, next_slot=_slot_after(schedules)
     )
     outcomes.on_recorded = reconnection.recorded
+    claimer.counted.update(job.name for job in jobs if job.max_runs is not None)
+    outcomes.counted = reconnection.counted = claimer.counted
     shared.outage.on_recovered = reconnection.reconnected
     runner = Runner(
         shared,
@@ -150,10 +155,8 @@ def engine(
     )
     planner, schedule_planner, runtime = _planners(settings, shared, jobs, tasks, firing)
     supersession.changed = runtime.reread
-    shortest_lease = min(
-        [job.lease_seconds(settings.lease_seconds) for job in jobs] + [settings.lease_seconds]
-    )
-    period = min(settings.heartbeat_seconds, shortest_lease / 4)
+    shortest_lease = min([job.lease_seconds(settings.lease_seconds) for job in jobs] + [math.inf])
+    period = min(settings.heartbeat_seconds, min(shortest_lease, settings.lease_seconds) / 4)
     queued = QueuedRuns(
         shared,
         jobs={job.name: job for job in jobs},
@@ -166,8 +169,30 @@ def engine(
     )
     return Engine(
         schedules, claimer, supersession, outcomes, reconnection, runner, firing, planner,
-        schedule_planner, runtime, queued, period,
+        schedule_planner, runtime, queued,
+        _backfilling(settings, shared, jobs, schedules, queued, runtime), period,
     )  # fmt: skip
+
+
+def _backfilling(
+    settings: Settings,
+    shared: Collaborators,
+    jobs: Sequence[Job],
+    schedules: JobSchedules,
+    queued: QueuedRuns,
+    runtime: Runtime,
+) -> Backfilling:
+    """The carrier of backfills: it queues their slots for the queue of manual runs."""
+    return Backfilling(
+        shared,
+        jobs={job.name: job for job in jobs},
+        schedules=schedules,
+        timezone=settings.timezone,
+        capacity=settings.max_concurrency,
+        retention_days=settings.history_retention_days,
+        on_queued=queued.wake_at,
+        resolve=runtime.resolve,
+    )
 
 
 def _planners(

@@ -23,7 +23,7 @@ from slotcron.observe.events import Hook
 from slotcron.service import assemble, startup
 from slotcron.service.shutdown import Signals, shut_down
 from slotcron.status import InstanceState
-from slotcron.store import lifeline
+from slotcron.store import instance_ids, lifeline
 from slotcron.store.database import Database
 
 if TYPE_CHECKING:
@@ -134,6 +134,7 @@ class Service:
         )  # fmt: skip
         self.firing, self.planner, self.queued = parts.firing, parts.planner, parts.queued
         self.schedule_planner, self.runtime = parts.schedule_planner, parts.runtime
+        self.backfilling = parts.backfilling
         kept = assemble.lifeline(
             self.settings,
             shared,
@@ -169,6 +170,7 @@ class Service:
             self.shedder,
             self.reconnection,
             self.queued,
+            self.backfilling,
             self.runtime,
             self.leader,
         ]
@@ -176,7 +178,14 @@ class Service:
     @property
     def claiming(self) -> list[Stoppable]:
         """What shutdown stops in phase 1, in order: whatever starts new runs or decides slots."""
-        return [self.queued, self.runtime, self.schedule_planner, self.planner, self.leader]
+        return [
+            self.queued,
+            self.backfilling,
+            self.runtime,
+            self.schedule_planner,
+            self.planner,
+            self.leader,
+        ]
 
     @property
     def keeping(self) -> list[Stoppable]:
@@ -200,7 +209,7 @@ class Service:
         # Whether a failover can lose our claims: said once at start-up, and after reconnecting.
         await self.reconnection.check_replication()
         # Refuses a second live process under this id; the heartbeat checks we still hold it.
-        self.heartbeat.incarnation = await lifeline.hold_instance_id(
+        self.heartbeat.incarnation = await instance_ids.hold_instance_id(
             self.db,
             instance_id=self.instance_id,
             lapse=self.settings.lease_seconds,

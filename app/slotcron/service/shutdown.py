@@ -20,6 +20,7 @@ import signal
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from slotcron.instance import Identity
 from slotcron.lifeline.inflight import CancelReason
 from slotcron.lifeline.outage import DB_ERRORS, describe
 from slotcron.status import InstanceState
@@ -27,11 +28,8 @@ from slotcron.store import lifeline, registrations
 from slotcron.store import runs as run_store
 
 if TYPE_CHECKING:
-    from slotcron.clock import Clock
-    from slotcron.config import Settings
     from slotcron.lifeline.inflight import Runs
     from slotcron.lifeline.roles import Stoppable
-    from slotcron.store.database import Database
 
 log = logging.getLogger("slotcron.shutdown")
 
@@ -54,19 +52,11 @@ class _Runner(Protocol):
     def kickoff(self) -> _Kickoff: ...
 
 
-class Stopping(Protocol):
+class Stopping(Identity, Protocol):
     """What shutdown needs of the instance it stops (the service is one)."""
 
     state: str
 
-    @property
-    def settings(self) -> Settings: ...
-    @property
-    def db(self) -> Database: ...
-    @property
-    def clock(self) -> Clock: ...
-    @property
-    def instance_id(self) -> str: ...
     @property
     def id_taken(self) -> bool: ...
     @property

@@ -22,8 +22,9 @@ from slotcron.store.batch_statements import (
     open_among_statement,
     run_params,
 )
-from slotcron.store.claims import Claim, Fate, execution_row, judge
+from slotcron.store.claims import Claim, Fate, judge
 from slotcron.store.database import Database
+from slotcron.store.execution_rows import execution_row
 from slotcron.store.start_keys import key_for
 
 
@@ -39,6 +40,11 @@ class Due:
     forbid_overlap: bool
     missed_reason: str | None = None
     """Record the slot ``MISSED`` with this reason instead of running it (misfire)."""
+    excluded: str | None = None
+    """Record the slot ``SKIPPED`` with this reason: the job's calendar excludes its day."""
+    max_runs: int | None = None
+    """The job's bound on completed runs: such a job is claimed one by one, never in a batch
+    (its runs in flight are counted under its row lock: :mod:`slotcron.store.counted`)."""
     check_gap: bool = True
     """False when deciding late slots in order: earlier ones were passed over on purpose."""
     fingerprint: str | None = None
@@ -174,6 +180,9 @@ def _judge_all(
     plan = _Plan()
     for name, row in locked.items():
         item = by_name[name]
+        if item.max_runs is not None:
+            decided.held.append(item)
+            continue
         verdict = judge(
             row,
             slot=item.slot,
@@ -183,6 +192,7 @@ def _judge_all(
             holder=holders.get(name),
             may_defer=True,
             fingerprint=item.fingerprint,
+            excluded=item.excluded,
         )
         if verdict.fate is Fate.SUPERSEDED:
             decided.superseded.add(name)

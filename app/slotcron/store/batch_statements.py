@@ -26,6 +26,7 @@ from sqlalchemy import (
 from slotcron.status import Status
 from slotcron.store.database import now_in_sql
 from slotcron.store.dialects import Dialect
+from slotcron.store.skips import moved_on
 from slotcron.store.tables import UTCDateTime, executions, jobs
 
 
@@ -49,6 +50,7 @@ class BatchStatements:
 def batch_statements(dialect: Dialect, server_clock: bool = False) -> BatchStatements:
     names = dialect.among(jobs.c.name, "p_names", String())
     now = bindparam("p_now", type_=UTCDateTime())
+    slot = bindparam("p_slot", type_=UTCDateTime())
     return BatchStatements(
         lock=select(
             jobs.c.name,
@@ -58,6 +60,8 @@ def batch_statements(dialect: Dialect, server_clock: bool = False) -> BatchState
             jobs.c.next_slot_at,
             jobs.c.fencing_token,
             jobs.c.fingerprint,
+            jobs.c.skip_at,
+            jobs.c.skip_reason,
         )
         .where(names)
         .with_for_update(skip_locked=True),
@@ -71,19 +75,21 @@ def batch_statements(dialect: Dialect, server_clock: bool = False) -> BatchState
         insert_rows=insert(executions).returning(executions.c.id, sort_by_parameter_order=True),
         advance=update(jobs)
         .where(names)
-        .values(
-            last_slot_at=bindparam("p_slot", type_=UTCDateTime()),
-            next_slot_at=bindparam("p_next", type_=UTCDateTime()),
+        .ordered_values(
+            (jobs.c.last_slot_at, slot),
+            (jobs.c.next_slot_at, bindparam("p_next", type_=UTCDateTime())),
+            *moved_on(slot),
         ),
         # A run takes the job's next fencing token (inserted above as token + 1). Its own
         # statement: a CASE testing each row against the list of runs costs the square of the
         # chunk's size, most of a large chunk's claim.
         advance_runs=update(jobs)
         .where(names)
-        .values(
-            last_slot_at=bindparam("p_slot", type_=UTCDateTime()),
-            next_slot_at=bindparam("p_next", type_=UTCDateTime()),
-            fencing_token=jobs.c.fencing_token + 1,
+        .ordered_values(
+            (jobs.c.last_slot_at, slot),
+            (jobs.c.next_slot_at, bindparam("p_next", type_=UTCDateTime())),
+            (jobs.c.fencing_token, jobs.c.fencing_token + 1),
+            *moved_on(slot),
         ),
         custom_plans=text("SET LOCAL plan_cache_mode = force_custom_plan")
         if dialect.name == "postgresql"

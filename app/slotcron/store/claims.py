@@ -1,7 +1,8 @@
 """The claim: one short transaction that decides, once and for the whole cluster, a slot's fate.
 
-    SELECT paused, last_slot_at FROM scheduler_jobs WHERE name = :job FOR UPDATE NOWAIT
+    SELECT paused, last_slot_at, skip_at FROM scheduler_jobs WHERE name = :job FOR UPDATE NOWAIT
     last_slot_at >= :slot      -> rollback: SlotTaken
+    skip_at = :slot            -> INSERT execution SKIPPED,  UPDATE last_slot_at, skip_at
     paused                     -> INSERT execution SKIPPED,  UPDATE last_slot_at
     forbid and a live lease    -> INSERT execution SKIPPED,  UPDATE last_slot_at
     otherwise                  -> INSERT execution RUNNING,  UPDATE last_slot_at
@@ -21,7 +22,7 @@ import contextlib
 import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
@@ -31,8 +32,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from slotcron.errors import LeaseHeld, RowBusy, SlotsUndecided, SlotTaken, Superseded
 from slotcron.status import Status
+from slotcron.store import counted
 from slotcron.store.database import Database, now_in_sql
 from slotcron.store.dialects import Dialect
+from slotcron.store.execution_rows import execution_row
+from slotcron.store.skips import moved_on, skip_reason
 from slotcron.store.tables import UTCDateTime, executions, jobs
 
 # Built once: a claim is on the hot path, and SQLAlchemy then only looks up the cached SQL.
@@ -44,6 +48,9 @@ _LOCK_JOB = (
         jobs.c.next_slot_at,
         jobs.c.fencing_token,
         jobs.c.fingerprint,
+        jobs.c.skip_at,
+        jobs.c.skip_reason,
+        jobs.c.runs_completed,
     )
     .where(jobs.c.name == bindparam("p_job"))
     .with_for_update(nowait=True)
@@ -73,13 +80,15 @@ def _lease_holder_sql(dialect: Dialect, server_clock: bool) -> Any:
 
 
 _INSERT = insert(executions)
+_SLOT = bindparam("p_slot", type_=UTCDateTime())
 _ADVANCE = (
     update(jobs)
     .where(jobs.c.name == bindparam("p_job"))
-    .values(
-        last_slot_at=bindparam("p_slot", type_=UTCDateTime()),
-        next_slot_at=bindparam("p_next", type_=UTCDateTime()),
-        fencing_token=bindparam("p_token", type_=BigInteger()),
+    .ordered_values(
+        (jobs.c.last_slot_at, _SLOT),
+        (jobs.c.next_slot_at, bindparam("p_next", type_=UTCDateTime())),
+        (jobs.c.fencing_token, bindparam("p_token", type_=BigInteger())),
+        *moved_on(_SLOT),
     )
 )
 
@@ -119,6 +128,7 @@ def judge(
     holder: Any,
     may_defer: bool,
     fingerprint: str | None = None,
+    excluded: str | None = None,
 ) -> Verdict:
     """The claim rules, once for every path: ``row`` is the job's locked row (``paused``,
     ``paused_reason``, ``last_slot_at``, ``next_slot_at``, and ``fingerprint`` when the
@@ -134,6 +144,10 @@ def judge(
         return Verdict(Fate.TAKEN)
     if check_gap and row.next_slot_at is not None and row.next_slot_at < slot:
         return Verdict(Fate.UNDECIDED)
+    if row.skip_at is not None and row.skip_at == slot:  # an operator's `slotcron skip`
+        return Verdict(Fate.NOT_RUN, Status.SKIPPED, skip_reason(row.skip_reason))
+    if excluded is not None:  # the job's calendar or excluded dates (slotcron.jobs.calendars)
+        return Verdict(Fate.NOT_RUN, Status.SKIPPED, excluded)
     if missed_reason is not None:
         return Verdict(Fate.NOT_RUN, Status.MISSED, missed_reason)
     # Claimed ahead of its time, a paused job's slot is not decided yet: a resume may commit
@@ -219,21 +233,19 @@ async def claim_slot(
     forbid_overlap: bool,
     following: datetime,
     missed_reason: str | None = None,
+    excluded: str | None = None,
+    max_runs: int | None = None,
     check_gap: bool = True,
     fingerprint: str | None = None,
     started: bool = True,
     wait_for_lease: str | None = None,
 ) -> Claim:
-    """Claim ``slot`` of ``job_name`` (recorded ``MISSED`` with ``missed_reason``), making
-    ``following`` the job's expected slot; ``started``: the claim stamps ``started_at`` (else
-    :func:`slotcron.store.starts.start_runs` does). Raises :class:`SlotTaken` when the slot is
-    closed, :class:`RowBusy` when another claimer holds the job's row, and what
-    :func:`_verdict` raises."""
+    """Claim ``slot`` of ``job_name``, making ``following`` the job's expected slot; ``started``:
+    the claim stamps ``started_at`` (else :func:`slotcron.store.starts.start_runs` does). Raises
+    :class:`SlotTaken` (closed), :class:`RowBusy` (row held) and what :func:`_verdict` raises."""
     with _closed_or_busy(db, job_name, slot):
         async with db.transaction(nowait=True) as conn:
-            locked = await lock_job(conn, job_name)
-            if locked is None:  # a runtime schedule removed: none of its slots is open
-                raise SlotTaken(f"{job_name} @ {slot.isoformat()}: no such job or schedule")
+            locked = await _lock_open(conn, job_name, slot)
             verdict = await _verdict(
                 db,
                 conn,
@@ -243,6 +255,8 @@ async def claim_slot(
                 now=now,
                 check_gap=check_gap,
                 missed_reason=missed_reason,
+                excluded=excluded,
+                max_runs=max_runs,
                 fingerprint=fingerprint,
                 forbid_overlap=forbid_overlap,
                 wait_for_lease=wait_for_lease,
@@ -266,6 +280,15 @@ async def claim_slot(
                 _ADVANCE, {"p_job": job_name, "p_slot": slot, "p_next": following, "p_token": token}
             )
     return _claim(int(result.inserted_primary_key[0]), row)  # type: ignore[index]
+
+
+async def _lock_open(conn: AsyncConnection, job_name: str, slot: datetime) -> Any:
+    """The job's row, locked; :class:`SlotTaken` when there is none (a runtime schedule
+    removed: none of its slots is open)."""
+    locked = await lock_job(conn, job_name)
+    if locked is None:
+        raise SlotTaken(f"{job_name} @ {slot.isoformat()}: no such job or schedule")
+    return locked
 
 
 @contextlib.contextmanager
@@ -309,6 +332,8 @@ async def _verdict(
     now: datetime,
     check_gap: bool,
     missed_reason: str | None,
+    excluded: str | None,
+    max_runs: int | None,
     fingerprint: str | None,
     forbid_overlap: bool,
     wait_for_lease: str | None,
@@ -328,8 +353,13 @@ async def _verdict(
         missed_reason=missed_reason,
         may_defer=False,
         fingerprint=fingerprint,
+        excluded=excluded,
     )
+    counted.exhausted(row, job_name, max_runs)
     verdict = rules(holder=None)
+    if verdict.fate is Fate.RUN and max_runs is not None:  # its runs in flight: read here only
+        full = await counted.room_for_one(conn, row, job_name, max_runs)
+        verdict = verdict if full is None else Verdict(Fate.NOT_RUN, Status.SKIPPED, full)
     if verdict.fate is Fate.RUN and forbid_overlap:  # only then is the lease read
         holder = await lease_holder(db, conn, job_name, now)
         if holder is not None and wait_for_lease in ("any", holder.trigger):
@@ -351,40 +381,3 @@ async def rehearse(db: Database, conn: AsyncConnection) -> None:
     await conn.execute(_LOCK_JOB, {"p_job": ""})
     await conn.execute(_lease_holder(db), {"p_job": "", "p_now": epoch})
     await conn.execute(_ADVANCE, {"p_job": "", "p_slot": epoch, "p_next": epoch, "p_token": 0})
-
-
-def execution_row(
-    *,
-    job_name: str,
-    slot: datetime,
-    trigger: str,
-    status: Status,
-    instance_id: str,
-    now: datetime,
-    lease_ms: int | None = None,
-    reason: str | None = None,
-    fencing_token: int | None = None,
-    started: bool = True,
-) -> dict[str, Any]:
-    """The row a claim inserts: a run (``RUNNING``, holding a lease of ``lease_ms`` from
-    ``now``; ``started``: its body starts now), or a slot recorded as not run, finished at
-    ``now`` with ``reason``."""
-    running = status == Status.RUNNING
-    return {
-        "job_name": job_name,
-        "scheduled_at": slot,
-        "trigger": trigger,
-        "status": status,
-        "attempt": 1,
-        "instance_id": instance_id,
-        "created_at": now,
-        "started_at": now if running and started else None,
-        "heartbeat_at": now if running else None,
-        "lease_until": now + timedelta(milliseconds=lease_ms or 0) if running else None,
-        "lease_ms": lease_ms if running else None,
-        "finished_at": None if running else now,
-        "error": reason,
-        "params": {},
-        "state": {},
-        "fencing_token": fencing_token,
-    }

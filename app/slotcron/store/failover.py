@@ -16,18 +16,20 @@ primary that lost commits starts behind, and hands ids out again.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, case, or_, select, text, update
+from sqlalchemy import and_, case, literal, or_, select, text, update
 
-from slotcron.status import Trigger
+from slotcron.status import Status, Trigger
 from slotcron.store.claims import RunKey
+from slotcron.store.counted import count_completed
 from slotcron.store.database import Database
 from slotcron.store.runs import run_keys, runs_among, storable_error
-from slotcron.store.tables import executions, jobs, start_markers
+from slotcron.store.skips import moved_on
+from slotcron.store.tables import UTCDateTime, executions, jobs, start_markers
 
 _REPLICATION = text(
     "SELECT current_setting('synchronous_standby_names') AS names, "
@@ -195,7 +197,9 @@ class Lost:
     """The job's slot after this one (None: unknown here): the job row expects it next."""
 
 
-async def restore_rows(db: Database, lost: Sequence[Lost], *, instance_id: str) -> int:
+async def restore_rows(
+    db: Database, lost: Sequence[Lost], *, instance_id: str, counted: Collection[str] = ()
+) -> int:
     """Insert ``lost`` rows where their key is free, and move each job's high-water mark (and
     the slot it expects next) past a cron, interval or catch-up slot put back, as the claim that
     the database lost had: the slot stays decided. Returns how many rows went in (a key taken
@@ -216,9 +220,13 @@ async def restore_rows(db: Database, lost: Sequence[Lost], *, instance_id: str) 
         )
         # A key taken meanwhile (another instance claimed the slot) is left to its holder.
         # Row by row (a rare path): a multi-row insert's count of rows is not reliable.
-        inserted = 0
+        inserted, completed = 0, []
         for row in rows:
-            inserted += (await conn.execute(db.dialect.insert_new(executions), row)).rowcount
+            went_in = (await conn.execute(db.dialect.insert_new(executions), row)).rowcount
+            inserted += went_in
+            if went_in and row["status"] == Status.COMPLETED:
+                completed.append(row["job_name"])
+        await count_completed(conn, completed, counted)  # lost with the row, counted again
         for item in lost:
             if item.trigger in _MARKED:
                 await _move_marks(conn, item)
@@ -266,7 +274,9 @@ async def _move_marks(conn: Any, item: Lost) -> None:
             ),
             else_=jobs.c.next_slot_at,
         )
-    await conn.execute(update(jobs).where(jobs.c.name == job_name).values(**values))
+    pairs = [(jobs.c[name], value) for name, value in values.items()]
+    passed = moved_on(literal(slot, UTCDateTime()))  # a skip at or before it is decided
+    await conn.execute(update(jobs).where(jobs.c.name == job_name).ordered_values(*pairs, *passed))
 
 
 async def settle_lost_takes(

@@ -27,18 +27,21 @@ from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from slotcron.status import Status
-from slotcron.store.claims import execution_row
 from slotcron.store.database import Database
+from slotcron.store.execution_rows import execution_row
+from slotcron.store.skips import moved_on
 from slotcron.store.tables import UTCDateTime, executions, jobs
 
 _CHUNK = 200
 
+_LAST = bindparam("p_last", type_=UTCDateTime())
 _ADVANCE = (
     update(jobs)
     .where(jobs.c.name == bindparam("p_job"))
-    .values(
-        last_slot_at=bindparam("p_last", type_=UTCDateTime()),
-        next_slot_at=bindparam("p_next", type_=UTCDateTime()),
+    .ordered_values(
+        (jobs.c.last_slot_at, _LAST),
+        (jobs.c.next_slot_at, bindparam("p_next", type_=UTCDateTime())),
+        *moved_on(_LAST),  # a skip inside the range was passed over with it
     )
 )
 

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from slotcron.status import Status, Trigger
 from slotcron.store import markers
 from slotcron.store.claims import RunKey
+from slotcron.store.counted import count_completed
 from slotcron.store.database import Database
 from slotcron.store.dialects import Dialect
 from slotcron.store.lifeline import queue_retry
@@ -96,11 +97,14 @@ async def finish(
     now: datetime,
     error: str | None,
     retry_backoff: float | None = None,
+    counted: Collection[str] = (),
 ) -> bool:
     """Record a run's outcome; False when the record was no longer ours to write.
 
     With ``retry_backoff``, the next attempt of the slot is queued in the same transaction,
-    carrying the params and the last checkpointed state.
+    carrying the params and the last checkpointed state. A ``COMPLETED`` run of a job among
+    ``counted`` (those with ``max_runs``) is counted in the same transaction
+    (:mod:`slotcron.store.counted`).
     """
     async with db.transaction() as conn:
         result = await conn.execute(
@@ -116,6 +120,8 @@ async def finish(
         )
         if result.rowcount != 1:
             return False
+        if status == Status.COMPLETED:
+            await count_completed(conn, [run[1]], counted)
         if retry_backoff is not None:
             row = (await conn.execute(select(executions).where(executions.c.id == run[0]))).one()
             await queue_retry(conn, row=row, now=now, backoff=retry_backoff, dialect=db.dialect)
@@ -161,9 +167,11 @@ async def finish_many(
     *,
     instance_id: str,
     now: datetime,
+    counted: Collection[str] = (),
 ) -> set[int]:
     """Record many runs' outcomes ``(run, status, error)`` in one transaction; return the ids
-    of the runs recorded (the others were no longer ours). One UPDATE per distinct outcome."""
+    of the runs recorded (the others were no longer ours). One UPDATE per distinct outcome. The
+    ``COMPLETED`` runs of jobs among ``counted`` are counted in the same transaction."""
     groups: dict[tuple[str, str | None], list[RunKey]] = {}
     for run, status, error in outcomes:
         groups.setdefault((status, storable_error(error)), []).append(run)
@@ -187,6 +195,13 @@ async def finish_many(
             if ours:
                 await conn.execute(sql.write, {**params, "p_ids": ours})
                 recorded.update(ours)
+        if counted:
+            done = [
+                run[1]
+                for run, status, _ in outcomes
+                if status == Status.COMPLETED and run[0] in recorded
+            ]
+            await count_completed(conn, done, counted)
     return recorded
 
 
@@ -283,8 +298,9 @@ async def renew(
     One statement per distinct lease length (almost always one), whatever the number of runs.
     ``lease_counts`` maps a lease length (ms) to how many runs we hold with it. Returns None
     when every lease was renewed, else the ids still ours (the others were taken from us).
-    With ``incarnation`` (this process's, :func:`slotcron.store.lifeline.hold_instance_id`), raises
-    :class:`IncarnationLost`, renewing nothing, when the instance row names another.
+    With ``incarnation`` (this process's,
+    :func:`slotcron.store.instance_ids.hold_instance_id`), raises :class:`IncarnationLost`,
+    renewing nothing, when the instance row names another.
     With ``ours`` (the ids of the runs this process holds; the heartbeat and the watchdog
     always give them), only those are renewed: a run under our id that is not among them was
     claimed by an older incarnation after we took the id over (it resumed from a pause and has

@@ -5,12 +5,13 @@ options, its timestamps and most next slots)."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import bindparam, insert, select
 
-from slotcron.jobs.schedules import ScheduleRecord, TaskInfo
+from slotcron.jobs.schedules import ScheduleRecord, ScheduleSpec, TaskInfo, task_bounds
 from slotcron.store.database import Database
 from slotcron.store.tables import jobs
 
@@ -38,6 +39,26 @@ five statements, each once (compiling costs by the row: a 1,000-row page cost a 
 more than the 4 times as many round trips of 256-row pages)."""
 
 
+def options_of(spec: ScheduleSpec, task_options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What a schedule's row stores as its ``options``: its task's, with its own bounds (the
+    task's very object when the schedule has its task's: a batch's rows share it, and it is
+    written out once)."""
+    if spec.bounds == task_bounds(task_options):
+        return task_options
+    return {**task_options, **spec.bounds}
+
+
+def changed_options(
+    stored: Any, current: ScheduleSpec, spec: ScheduleSpec
+) -> dict[str, Mapping[str, Any]]:
+    """The ``options`` to write when an update changed a schedule's bounds (``stored``: the
+    row's, as its JSON text or decoded), as ``{"options": ...}``; nothing when they did not."""
+    if spec.bounds == current.bounds:
+        return {}
+    options = json.loads(stored) if isinstance(stored, str) else dict(stored or {})
+    return {"options": {**options, **spec.bounds}}
+
+
 def insert_row(record: ScheduleRecord, task: TaskInfo, by: str, mark: str) -> tuple[Any, ...]:
     spec = record.spec
     return (
@@ -46,7 +67,7 @@ def insert_row(record: ScheduleRecord, task: TaskInfo, by: str, mark: str) -> tu
         spec.kind,
         spec.expression,
         spec.timezone,
-        task.options,
+        options_of(spec, task.options),
         spec.params,
         spec.jitter,
         spec.paused,

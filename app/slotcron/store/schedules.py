@@ -41,7 +41,13 @@ from slotcron.jobs.schedules import (
 )
 from slotcron.store.database import Database
 from slotcron.store.queue import settle_queued
-from slotcron.store.schedule_inserts import PAGES, insert_row, insert_rows, taken_ids
+from slotcron.store.schedule_inserts import (
+    PAGES,
+    changed_options,
+    insert_row,
+    insert_rows,
+    taken_ids,
+)
 from slotcron.store.tables import SCHEDULE_COLUMNS, changes, executions, jobs, tasks
 from slotcron.text import iso
 
@@ -228,10 +234,9 @@ async def add_many(
 async def update(
     db: Database, schedule_id: str, changes: Mapping[str, Any], *, now: datetime, by: str
 ) -> ScheduleRecord:
-    """Apply ``changes`` (:data:`slotcron.jobs.schedules.CHANGEABLE`) to a schedule. A new timing
-    takes
-    effect from its first slot after both now and the last slot decided (a decided slot is
-    never re-opened); otherwise the next slot stays. A code job is refused (:class:`Refused`).
+    """Apply ``changes`` (:data:`slotcron.jobs.schedules.CHANGEABLE`) to a schedule. A new
+    timing takes effect from its first slot after both now and the last slot decided (a decided
+    slot is never re-opened); else the next slot stays. A code job is :class:`Refused`.
 
     The row gets a new :func:`version_mark`: from its commit, a claim presenting the one it
     replaces (an instance that has not heard of the update yet) is refused under the row lock,
@@ -258,6 +263,7 @@ async def update(
                 updated_at=now,
                 updated_by=by,
                 fingerprint=version_mark(),
+                **changed_options(row.options, current.spec, spec),
             )
         )
         if _soon(current.next_slot, now) or _soon(next_slot, now):

@@ -103,6 +103,14 @@ jobs = Table(
     Column("task", String(200), nullable=True),
     Column("params", JSON, nullable=True),
     Column("jitter", Float, nullable=True),
+    # The earliest slot an operator asked to skip that is not decided yet, and the reason given
+    # (migration 0009; every skip is a row of ``scheduler_skips``): claims read it with the row's
+    # lock and record that slot SKIPPED; deciding it moves them to the next skip.
+    Column("skip_at", UTCDateTime(), nullable=True),
+    Column("skip_reason", String(400), nullable=True),
+    # Runs of the job recorded COMPLETED, counted for a job with ``max_runs`` only (migration
+    # 0009), in the transaction that records each: exact whatever the history's retention.
+    Column("runs_completed", BigInteger, nullable=False, server_default="0"),
     Index("ix_scheduler_jobs_next_slot", "next_slot_at"),
     Index("ix_scheduler_jobs_task", "task", "name"),
     # A burst's chunk, at its slot, reads which of its jobs are paused off this (migration 0007).
@@ -134,6 +142,17 @@ changes = Table(
     Column("changed_at", UTCDateTime(), nullable=False),
 )
 
+# One row per slot an operator asked to skip (``slotcron skip``, migration 0009), kept after it
+# is decided (its execution row says SKIPPED); an undecided one is taken back by ``unskip``.
+skips = Table(
+    "scheduler_skips",
+    metadata,
+    Column("job_name", String(200), primary_key=True),
+    Column("scheduled_at", UTCDateTime(), primary_key=True),
+    Column("reason", String(400), nullable=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+)
+
 executions = Table(
     "scheduler_executions",
     metadata,
@@ -161,6 +180,8 @@ executions = Table(
     # The start marker of the chunk this run was claimed ahead in (migration 0007): its body
     # started when the marker (scheduler_starts) says so. NULL on every other run.
     Column("start_key", String(32), nullable=True),
+    # The backfill that queued this attempt (migration 0010; NULL on every other run).
+    Column("backfill_id", ID, nullable=True),
     UniqueConstraint("job_name", "scheduled_at", "attempt", name="uq_scheduler_executions_slot"),
     Index("ix_scheduler_executions_instance_status", "instance_id", "status"),
     Index("ix_scheduler_executions_status_lease", "status", "lease_until"),
@@ -169,6 +190,34 @@ executions = Table(
     # The order of every listing (newest slot first): pages read off it, never sort the table.
     Index("ix_scheduler_executions_slot_id", "scheduled_at", "id"),
     Index("ix_scheduler_executions_start_key", "start_key"),
+    Index("ix_scheduler_executions_backfill", "backfill_id", "status"),
+)
+
+# A backfill (``slotcron backfill JOB --from T1 --to T2``, migration 0010): the slots of a job in
+# [``start_at``, ``end_at``) to run once each if they never completed, carried on by any live
+# instance that has the job (slotcron.engine.backfilling). ``next_at`` is its cursor: the next
+# slot to consider (NULL once every slot was considered); the counts say what became of them.
+backfills = Table(
+    "scheduler_backfills",
+    metadata,
+    Column("id", ID, primary_key=True, autoincrement=True),
+    Column("job_name", String(200), nullable=False),
+    Column("start_at", UTCDateTime(), nullable=False),
+    Column("end_at", UTCDateTime(), nullable=False),
+    # Starts a second at most; 0: as fast as the instance's capacity allows.
+    Column("rate", Float, nullable=False),
+    # RUNNING, COMPLETED (every slot considered, none in flight) or CANCELLED.
+    Column("status", String(16), nullable=False),
+    Column("next_at", UTCDateTime(), nullable=True),
+    Column("slots_total", Integer, nullable=False),
+    Column("slots_seen", Integer, nullable=False, server_default="0"),
+    Column("slots_queued", Integer, nullable=False, server_default="0"),
+    Column("slots_passed", Integer, nullable=False, server_default="0"),
+    # Why it ended early (cancelled, its job removed).
+    Column("note", String(400), nullable=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Index("ix_scheduler_backfills_status", "status"),
 )
 
 

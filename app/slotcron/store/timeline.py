@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, Select, and_, bindparam, exists, func, select
+from sqlalchemy import Integer, Select, and_, bindparam, case, exists, func, select
 from sqlalchemy.orm import aliased
 
 from slotcron.store import markers
 from slotcron.store.database import Database
 from slotcron.store.history import RECORD_COLUMNS, ExecutionRecord, execution_record
-from slotcron.store.tables import executions, jobs
+from slotcron.store.tables import executions, jobs, skips
 
 IN_FLIGHT = ("QUEUED", "RUNNING")
 """The only statuses a row ever leaves: every other status is final, so a change to an existing
@@ -41,6 +41,8 @@ class SlotCell:
     instance_id: str | None
     started_at: datetime | None
     finished_at: datetime | None
+    reason: str | None = None
+    """Why a SKIPPED or MISSED slot did not run (its first :data:`REASON_CHARS` characters)."""
 
     @property
     def lag_ms(self) -> int | None:
@@ -66,9 +68,15 @@ class JobTimeline:
     """The slot the cluster expects next, not yet decided."""
     cells: list[SlotCell]
     """Newest slot first, at most the ``limit`` asked."""
+    skips: list[tuple[datetime, str | None]] = field(default_factory=list)
+    """Upcoming slots an operator asked to skip (``slotcron skip``), with the reason, the
+    earliest :data:`SKIPS_SHOWN` of them."""
 
 
 _later = aliased(executions, name="later")
+
+REASON_CHARS = 200
+SKIPS_SHOWN = 20
 
 _COLUMNS = (
     executions.c.id,
@@ -79,6 +87,13 @@ _COLUMNS = (
     executions.c.instance_id,
     markers.started_at().label("started_at"),
     executions.c.finished_at,
+    case(
+        (
+            executions.c.status.in_(("SKIPPED", "MISSED")),
+            func.substr(executions.c.error, 1, REASON_CHARS),
+        ),
+        else_=None,
+    ).label("reason"),
 )
 
 
@@ -115,7 +130,7 @@ async def timelines(db: Database, names: Sequence[str], *, limit: int) -> list[J
         rows = {
             r.name: r
             for r in await conn.execute(
-                select(jobs.c.name, jobs.c.paused, jobs.c.next_slot_at).where(
+                select(jobs.c.name, jobs.c.paused, jobs.c.next_slot_at, jobs.c.skip_at).where(
                     jobs.c.name.in_(wanted)
                 )
             )
@@ -123,6 +138,17 @@ async def timelines(db: Database, names: Sequence[str], *, limit: int) -> list[J
         for name in wanted:
             found = (await conn.execute(SLOTS, {"p_job": name, "p_limit": limit})).all()
             row = rows.get(name)
+            skipped: list[tuple[datetime, str | None]] = []
+            if row is not None and row.skip_at is not None:  # one undecided at least
+                skipped = [
+                    (r.scheduled_at, r.reason)
+                    for r in await conn.execute(
+                        select(skips.c.scheduled_at, skips.c.reason)
+                        .where(skips.c.job_name == name, skips.c.scheduled_at >= row.skip_at)
+                        .order_by(skips.c.scheduled_at)
+                        .limit(SKIPS_SHOWN)
+                    )
+                ]
             out.append(
                 JobTimeline(
                     job=name,
@@ -139,9 +165,11 @@ async def timelines(db: Database, names: Sequence[str], *, limit: int) -> list[J
                             instance_id=r.instance_id,
                             started_at=r.started_at,
                             finished_at=r.finished_at,
+                            reason=r.reason,
                         )
                         for r in found
                     ],
+                    skips=skipped,
                 )
             )
     return out

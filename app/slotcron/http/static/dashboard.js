@@ -308,6 +308,7 @@ function cellTitle(cell) {
   lines.push(`instance ${cell.instance_id || "none"}`);
   lines.push(`lag ${cell.lag_ms === null ? "none (never started)" : ms(cell.lag_ms)}`);
   lines.push(`duration ${cell.duration_ms === null ? (cell.status === "RUNNING" ? "still running" : "none") : ms(cell.duration_ms)}`);
+  if (cell.reason) lines.push(`why: ${cell.reason}`);
   lines.push(`execution ${cell.id}: click to open`);
   return lines.join("\n");
 }
@@ -320,11 +321,15 @@ function timelineCells(timeline, selected) {
     "data-status": cell.status,
     "data-execution": String(cell.id),
   }));
+  const notes = timeline.next_notes || {};
   for (const slot of timeline.next_slots) {
+    const note = notes[slot];
+    const why = note ? `: it will be SKIPPED (${note})` : timeline.paused ? ": the job is paused, so it will be SKIPPED" : "";
     cells.push(el("span", {
-      class: "cell s-PENDING",
-      title: `slot ${when(slot)} (${relative(slot)})\nnot yet decided${timeline.paused ? ": the job is paused, so it will be SKIPPED" : ""}`,
+      class: `cell s-PENDING${note ? " will-skip" : ""}`,
+      title: `slot ${when(slot)} (${relative(slot)})\nnot yet decided${why}`,
       "data-status": "PENDING",
+      ...(note ? { "data-note": note } : {}),
     }));
   }
   return el("div", { class: "cells" }, ...cells);
@@ -341,7 +346,8 @@ function renderTimeline(target, timelines, selected = null, withNames = true) {
 function renderLegend() {
   const names = ["COMPLETED", "FAILED", "MISSED", "SKIPPED", "ABANDONED", "STOPPED", "RUNNING", "QUEUED", "PENDING"];
   $("legend").replaceChildren(...names.map((name) => el("span", { class: "legend-item" },
-    el("span", { class: `cell s-${name}` }), name === "PENDING" ? "not yet decided" : name)));
+    el("span", { class: `cell s-${name}` }), name === "PENDING" ? "not yet decided" : name)),
+  el("span", { class: "legend-item" }, el("span", { class: "cell s-PENDING will-skip" }), "will be skipped (a skip, a holiday)"));
 }
 
 async function timelines(names, next) {
@@ -550,6 +556,36 @@ function renderJobHistory(page) {
   $("job-page-range").textContent = page.executions.length ? `${view.jobOffset + 1}–${view.jobOffset + page.executions.length}` : "";
 }
 
+// Upcoming skips and backfills of the job page
+
+function renderSkips(skips) {
+  const items = skips.map((skip) => el("li", { "data-skip": skip.at,
+    text: `${when(skip.at)} (${relative(skip.at)}): ${skip.reason || "skipped by an operator"}` }));
+  if (!items.length) items.push(el("li", { class: "muted", text: "none" }));
+  $("job-skips").replaceChildren(...items);
+}
+
+function progressBar(backfill) {
+  const total = Math.max(backfill.slots, 1);
+  const part = (n, kind) => el("span", { class: `bar-${kind}`, style: `width: ${(100 * n / total).toFixed(2)}%` });
+  const decided = backfill.slots - backfill.left - backfill.done - backfill.failed;
+  return el("span", { class: "progress", title: `${backfill.done} done, ${backfill.failed} failed, ${backfill.left} left, ${backfill.passed} passed over (completed before, skipped)` },
+    part(backfill.done, "done"), part(backfill.failed, "failed"), part(Math.max(decided, 0), "passed"));
+}
+
+function renderBackfills(backfills) {
+  const rows = backfills.map((backfill) => el("tr", { "data-backfill": String(backfill.id), "data-status": backfill.status },
+    el("td", { class: "mono", text: String(backfill.id) }),
+    el("td", { text: `${when(backfill.from)} → ${when(backfill.to)}` }),
+    el("td", {}, status(backfill.status)),
+    el("td", {}, progressBar(backfill)),
+    el("td", { class: "mono", text: `${backfill.done}/${backfill.slots} done, ${backfill.failed} failed, ${backfill.left} left` }),
+    el("td", { text: backfill.rate === 0 ? "capacity" : `${backfill.rate}/s` }),
+    el("td", { class: "muted", text: backfill.note || "" })));
+  if (!rows.length) rows.push(el("tr", {}, el("td", { colSpan: 7, class: "muted", text: "no backfills of this job" })));
+  $("job-backfills").tBodies[0].replaceChildren(...rows);
+}
+
 // A runtime schedule's page is a job's page: its history and timeline are under its id.
 async function scheduleAsJob(id) {
   const schedule = await api("GET", `api/schedules/${encodeURIComponent(id)}`).catch((error) => {
@@ -563,7 +599,7 @@ async function scheduleAsJob(id) {
 
 async function loadJobPage(where) {
   const params = new URLSearchParams({ job: where.job, limit: String(PAGE), offset: String(view.jobOffset) });
-  const [jobs, found, page, run] = await Promise.all([
+  const [jobs, found, page, run, backfills] = await Promise.all([
     api("GET", "api/jobs"),
     timelines([where.job], NEXT_ON_JOB_PAGE),
     api("GET", `api/executions?${params}`),
@@ -571,6 +607,7 @@ async function loadJobPage(where) {
       if (error.status === 404) return null;
       throw error;
     }) : Promise.resolve(null),
+    api("GET", `api/backfills?${new URLSearchParams({ job: where.job })}`),
   ]);
   view.jobs = jobs.jobs;
   const job = view.jobs.find((candidate) => candidate.name === where.job) || await scheduleAsJob(where.job);
@@ -580,8 +617,12 @@ async function loadJobPage(where) {
   $("job-paused").textContent = job && job.paused ? `paused${job.paused_reason ? `: ${job.paused_reason}` : ""}` : "";
   $("job-controls").replaceChildren(...(job ? jobButtons(job) : []));
   renderTimeline($("job-timeline"), [timeline], where.execution, false);
-  $("job-next").replaceChildren(...timeline.next_slots.map((slot) => el("li", { text: `${when(slot)} (${relative(slot)})` })));
+  const notes = timeline.next_notes || {};
+  $("job-next").replaceChildren(...timeline.next_slots.map((slot) => el("li",
+    { text: `${when(slot)} (${relative(slot)})${notes[slot] ? `: SKIPPED, ${notes[slot]}` : ""}`, ...(notes[slot] ? { class: "will-skip-text" } : {}) })));
   if (!timeline.next_slots.length) $("job-next").append(el("li", { class: "muted", text: "none known" }));
+  renderSkips(timeline.skips || []);
+  renderBackfills(backfills);
   renderChart(timeline);
   renderJobHistory(page);
   renderExecutionDetail(run);
