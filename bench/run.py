@@ -9,6 +9,8 @@ Workloads (docs/explanation/benchmark.md has the definitions and the last figure
   steady      3 instances, 500 jobs every second, 60 s
   throughput  the most slot runs per second 3 instances sustain (p99 lag < 1 s, none missed)
   idle        10,000 jobs with no slot due for an hour, one instance, 60 s
+  scaling     the same 1,000 jobs every second on one instance and on three, 20 s each: the
+              cluster's CPU per 1,000 runs side by side, and their ratio (slotcron only)
   statements  database round trips per slot run (counted by the database)
   schedules   runtime schedules created through slotcron.Client: 1,000 one by one, 100,000 in one
               add_schedules (bench/schedules.py; slotcron only, not in the default set)
@@ -478,6 +480,28 @@ def throughput(bench: Bench, steps: list[int], seconds: int) -> tuple[int, dict[
     return best, best_results
 
 
+def scaling(bench: Bench, jobs: int, seconds: int = 20) -> None:
+    """The same load on one instance and on three: what adding instances costs the cluster."""
+    cpu: dict[int, float] = {}
+    for instances in (1, 3):
+        r = bench.run(
+            f"scaling {instances}x",
+            lambda s, c: cluster(s, c, instances, jobs, seconds),  # noqa: B023 (run at once)
+            ours_only=True,
+        )
+        label = f"scaling {jobs:,}/s, {instances} instance{'s' if instances > 1 else ''}"
+        bench.add(label, "CPU s per 1,000 runs", r, lambda o: o.extra["cpu_per_1k"])
+        bench.add(label, "start lag p99 ms", r, lambda o: o.pct(99))
+        bench.add(label, "doubled", r, lambda o: o.doubled)
+        bench.add(label, "missed", r, lambda o: o.missed)
+        ours = r.get(Slotcron.name)
+        if ours is not None:
+            cpu[instances] = ours.extra["cpu_per_1k"]
+    if len(cpu) == 2 and cpu[1] > 0:
+        ratio = {Slotcron.name: Outcome(extra={"ratio": cpu[3] / cpu[1]})}
+        bench.add(f"scaling {jobs:,}/s", "CPU 3 instances / 1", ratio, lambda o: o.extra["ratio"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -488,6 +512,7 @@ def main() -> None:
     parser.add_argument("--burst-sizes", default="1000,10000")
     parser.add_argument("--steady-seconds", type=int, default=60)
     parser.add_argument("--throughput-steps", default="2000,4000,6000,8000,10000,12000")
+    parser.add_argument("--scaling-jobs", type=int, default=1000)
     args = parser.parse_args()
 
     available = backends.probe_all()
@@ -536,6 +561,8 @@ def main() -> None:
         )
         if r:
             bench.add("throughput, 3 instances", "p99 ms at that rate", r, lambda o: o.pct(99))
+    if "scaling" in only:
+        scaling(bench, args.scaling_jobs)
     if "idle" in only:
         r = bench.run("idle", idle, ours_only=True)
         label = "idle, 10,000 jobs"

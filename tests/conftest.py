@@ -20,7 +20,7 @@ from slotcron.store.database import Database
 from slotcron.store.tables import executions
 from sqlalchemy import func, select
 
-from tests import backends
+from tests import backends, gc_pauses
 from tests.cluster.harness import Instance
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -53,11 +53,16 @@ class _LeftBehind(logging.Handler):
 
 LEFT_BEHIND = _LeftBehind()
 logging.getLogger("slotcron.roles").addHandler(LEFT_BEHIND)
+gc_pauses.install()
+FREEZE = os.environ.get("SLOTCRON_TEST_GC", "freeze") == "freeze"
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
+    if FREEZE:
+        gc_pauses.settle()
     LEFT_BEHIND.test = nodeid
+    gc_pauses.entering(nodeid)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -71,6 +76,13 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             "-", "loops a shutdown went on without (slotcron.lifeline.roles.stop_task)"
         )
         for line in found:
+            terminalreporter.write_line(line)
+    long = gc_pauses.long_passes()
+    if long:
+        terminalreporter.write_sep(
+            "-", f"garbage collector passes of {gc_pauses.LONG * 1000:.0f} ms or more"
+        )
+        for line in long[:20]:
             terminalreporter.write_line(line)
     available = backends.AVAILABLE
     parts = []
