@@ -133,17 +133,17 @@ async def test_an_unreadable_row_is_quarantined_and_every_other_schedule_fires_o
 
     assert service.http is not None
     url = service.http.url
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as client:
-        status, ready = await get(client, f"{url}/readyz")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
+        status, ready = await get(http, f"{url}/readyz")
         assert status == 200, ready
-        status, page = await get(client, f"{url}/api/schedules?limit=500")
+        status, page = await get(http, f"{url}/api/schedules?limit=500")
         assert status == 200, page
         listed = {s["id"]: s for s in page["schedules"]}
         assert "error" not in listed["beat"]
         for name in [*broken, "later"]:
             assert listed[f"broken/{name}"]["error"], listed[f"broken/{name}"]
         assert listed["broken/digits"]["params"] is None
-        status, one = await get(client, f"{url}/api/schedules/broken%2Fzone")
+        status, one = await get(http, f"{url}/api/schedules/broken%2Fzone")
         assert status == 200 and one["error"].startswith("timezone: "), one
 
 
