@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -187,7 +188,7 @@ def test_a_service_on_a_migrated_database_never_loads_alembic(
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))\n"
     )
     done = subprocess.run(
-        ["python", "-c", probe, empty_db_url],
+        [sys.executable, "-c", probe, empty_db_url],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -7,6 +7,7 @@ forgotten until the loader (:class:`slotcron.engine.runtime.Runtime`) finds it a
 
 from __future__ import annotations
 
+import heapq
 from datetime import datetime, timedelta
 
 from slotcron.clock import Clock
@@ -14,6 +15,7 @@ from slotcron.engine.burst import LEAD_BASE, LEAD_MAX, Burst
 from slotcron.engine.firing import Firing
 from slotcron.engine.planner import Planner
 from slotcron.engine.scheduled import JobSchedules, ScheduledJob
+from slotcron.engine.shares import Shares
 from slotcron.jobs.registry import Job
 
 HORIZON = timedelta(seconds=60)
@@ -41,10 +43,14 @@ class RuntimePlanner(Planner):
         firing: Firing,
         burst: Burst,
         horizon: timedelta = HORIZON,
+        shares: Shares | None = None,
     ) -> None:
-        super().__init__([], schedules, clock=clock, firing=firing, burst=burst)
+        super().__init__([], schedules, clock=clock, firing=firing, burst=burst, shares=shares)
         self.horizon = horizon
         self.current: dict[str, ScheduledJob] = {}
+        self.taken: dict[str, ScheduledJob] = {}
+        """Schedules of other members held only to fire one slot taken over (not planned on
+        here: :mod:`slotcron.engine.takeover`)."""
         self.popped: dict[str, datetime] = {}
         """Each schedule's last slot taken from the heap: a row still showing it (its claim not
         yet committed) is not loaded again."""
@@ -54,12 +60,34 @@ class RuntimePlanner(Planner):
         self.current[job.name] = job
         self._push_and_wake(job, slot)
 
+    def take(self, job: ScheduledJob, slot: datetime) -> None:
+        """Fire ``slot`` of another member's schedule once (taken over: its owner did not
+        claim it in time); the schedule is forgotten here once that slot is fired."""
+        self.taken[job.name] = job
+        self.adopt([(job, slot)])
+
+    def _owns(self, name: str) -> bool:
+        return self.shares.owns_now(name)  # not remembered: millions of names over a life
+
+    def _plans(self, name: str) -> bool:
+        return name in self.current
+
+    def _mine(self, job: Job, adopted: bool) -> bool:
+        """A held schedule's entry is fired while this instance owns it (the loader holds only
+        those); a slot taken over once. One held when the members changed is dropped."""
+        if adopted or self._owns(job.name):
+            return True
+        self.current.pop(job.name, None)
+        return False
+
     def drop(self, name: str) -> None:
         """Forget a schedule: its entry in the heap goes stale, and is dropped when it comes up."""
         self.current.pop(name, None)
 
     def _keeps(self, job: Job, slot: datetime) -> bool:
-        if self.current.get(job.name) is not job:
+        if self.taken.get(job.name) is job:
+            del self.taken[job.name]  # its one slot, fired now
+        elif self.current.get(job.name) is not job:
             return False
         self.popped[job.name] = slot
         return True
@@ -70,7 +98,8 @@ class RuntimePlanner(Planner):
         if slot >= self.clock.now() + self.horizon:
             del self.current[job.name]  # the loader finds it again when it comes near
             return
-        super()._push(job, slot)
+        heapq.heappush(self._heap, (slot, next(self._seq), job))
+        self._at_slot[slot] = self._at_slot.get(slot, 0) + 1  # no `_held`: `current` says it
 
     def _lead(self) -> timedelta:
         """Slots due together are claimed ahead as a job's are, but past

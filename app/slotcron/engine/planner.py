@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from slotcron.clock import Clock
 from slotcron.engine.burst import Burst
 from slotcron.engine.firing import Firing
+from slotcron.engine.shares import Shares
 from slotcron.jobs import misfire
 from slotcron.jobs.registry import Job
 from slotcron.lifeline.roles import stop_task
@@ -36,12 +37,21 @@ class Planner:
         clock: Clock,
         firing: Firing,
         burst: Burst,
+        shares: Shares | None = None,
     ) -> None:
         self.clock = clock
         self.firing = firing
         self.burst = burst
+        self.shares = shares or Shares(firing.claimer.instance_id)
         self._schedules = schedules
         self._jobs = [job for job in jobs if job.enabled]
+        self.by_name = {job.name: job for job in self._jobs}
+        self._held: set[str] = set()
+        """The jobs this planner plans (each has its next slot in the heap, or is having its
+        late slots decided): those it owns (:mod:`slotcron.engine.shares`)."""
+        self._adopted: set[int] = set()
+        """Heap entries (by sequence number) of slots taken over from another member: fired
+        once, their next slot left to its owner."""
         self._heap: list[tuple[datetime, int, Job]] = []
         self._at_slot: dict[datetime, int] = {}  # how many heap entries share each slot
         self._seq = itertools.count()
@@ -53,12 +63,9 @@ class Planner:
         it: one in the past means slots were missed while no instance ran them."""
         now = self.clock.now()
         for job in self._jobs:
-            schedule = self._schedules[job.name]
-            first = schedule.next_after(now)
-            stored = (expected or {}).get(job.name)
-            if stored is not None and stored < first:
-                first = min(first, schedule.next_after(stored - misfire.TICK))
-            self._push(job, first)
+            if job.name in self._held or not self.shares.owns(job.name):
+                continue  # planned already; or another member plans it (and its misses)
+            self._push(job, self._first(job, now, (expected or {}).get(job.name)))
         self._task = asyncio.create_task(self._plan(), name="slotcron-planner")
 
     async def stop(self) -> None:
@@ -70,25 +77,94 @@ class Planner:
             await stop_task(self._task, f"the {self.name}")
         await self.firing.stop_claiming()
 
+    def newly_owned(self) -> list[str]:
+        """The jobs this instance owns now and does not plan yet (after the members changed)."""
+        if self._task is None:
+            return []  # not started: it plans what it owns then
+        return [j.name for j in self._jobs if j.name not in self._held and self._owns(j.name)]
+
+    def reshare(self, expected: Mapping[str, datetime | None]) -> None:
+        """The members changed: plan the jobs this instance owns now and did not, from their
+        next undecided slot as stored (``expected``, read for :meth:`newly_owned`): slots
+        another member left undecided are decided here, late ones by their misfire policy. A
+        job owned no more is dropped when its entry comes up. Before :meth:`start`, nothing:
+        it plans what is owned then."""
+        if self._task is None:
+            return
+        now = self.clock.now()
+        for name in self.newly_owned():
+            job = self.by_name[name]
+            self._push(job, self._first(job, now, expected.get(name)))
+        self._wake.set()
+
+    def _first(self, job: Job, now: datetime, stored: datetime | None) -> datetime:
+        """Where planning a job starts: its next slot, or an earlier one stored undecided."""
+        schedule = self._schedules[job.name]
+        first = schedule.next_after(now)
+        if stored is not None and stored < first:
+            first = min(first, schedule.next_after(stored - misfire.TICK))
+        return first
+
+    def adopt(self, taken: list[tuple[Job, datetime]]) -> None:
+        """Slots of other members' jobs that nobody claimed in time (a dead or paused owner):
+        fired here once each, as any slot (late ones by their misfire policy); the jobs' next
+        slots stay with their owners."""
+        for job, slot in taken:
+            if slot >= NEVER:
+                continue
+            seq = next(self._seq)
+            self._adopted.add(seq)
+            heapq.heappush(self._heap, (slot, seq, job))
+            self._at_slot[slot] = self._at_slot.get(slot, 0) + 1
+        if taken:
+            self._wake.set()
+
     def _push(self, job: Job, slot: datetime) -> None:
         if slot >= NEVER:  # its window has ended: it has no slot to plan (jobs/windows.py)
+            self._held.discard(job.name)
             return
         heapq.heappush(self._heap, (slot, next(self._seq), job))
         self._at_slot[slot] = self._at_slot.get(slot, 0) + 1
+        self._held.add(job.name)
 
-    def _pop(self) -> tuple[datetime, Job]:
-        slot, _, job = heapq.heappop(self._heap)
+    def _owns(self, name: str) -> bool:
+        return self.shares.owns(name)
+
+    def _plans(self, name: str) -> bool:
+        """Whether ``name`` is planned here already (has its entry, or is being decided)."""
+        return name in self._held
+
+    def _pop(self) -> tuple[datetime, Job, bool]:
+        slot, seq, job = heapq.heappop(self._heap)
         left = self._at_slot[slot] - 1
         if left:
             self._at_slot[slot] = left
         else:
             del self._at_slot[slot]
-        return slot, job
+        adopted = seq in self._adopted
+        if adopted:
+            self._adopted.discard(seq)
+        return slot, job, adopted
+
+    def _mine(self, job: Job, adopted: bool) -> bool:
+        """Whether an entry taken from the heap is fired here: a slot taken over is; a job's
+        own entry only while this instance owns the job (else it is dropped: its owner plans
+        it)."""
+        if adopted or self._owns(job.name):
+            return True
+        self._held.discard(job.name)
+        return False
 
     def _keeps(self, job: Job, slot: datetime) -> bool:
         """Whether an entry taken from the heap still stands: always, for code jobs (a runtime
         schedule's may have been removed or replaced since: :mod:`slotcron.engine.runtime`)."""
         return True
+
+    def _resume(self, job: Job, slot: datetime, adopted: bool) -> None:
+        """A job's late slots are decided: it plans on from ``slot``; one whose late slot was
+        taken over only if it is this instance's now and not planned here already."""
+        if not adopted or (self._owns(job.name) and not self._plans(job.name)):
+            self._push_and_wake(job, slot)
 
     def _push_and_wake(self, job: Job, slot: datetime) -> None:
         self._push(job, slot)
@@ -133,8 +209,11 @@ class Planner:
             missed: list[tuple[Job, list[datetime], datetime]] = []
             passed_over: list[tuple[Job, misfire.PassedOver]] = []  # of the `missed` jobs
             following: list[tuple[Job, datetime]] = []  # pushed after the sweep: once per job
+            taken_over: list[bool] = []  # per `missed` entry: a slot taken over, not owned
             while self._heap and self._heap[0][0] <= horizon:
-                slot, job = self._pop()
+                slot, job, adopted = self._pop()
+                if not self._mine(job, adopted):
+                    continue
                 if firing.superseded(job.name):
                     continue  # a newer registration's schedule is in force: fired no more here
                 if job.name in firing.claimer.exhausted:
@@ -149,27 +228,48 @@ class Planner:
                     # slot claimed first would close them (the high-water mark) unrecorded.
                     if job.misfire == "skip":
                         missed.append((job, late, resume))
+                        taken_over.append(adopted)
                         if passed is not None:
                             passed_over.append((job, passed))
                     else:
-                        back = functools.partial(self._push_and_wake, job, resume)
+                        back = functools.partial(self._resume, job, resume, adopted)
                         firing.spawn(firing.misfire_then(job, late, now, back, passed), job)
                 else:
                     after = schedule.next_after(slot)
-                    following.append((job, after))
+                    if not adopted:
+                        following.append((job, after))
                     # Never more than half its period ahead: its previous slot's run may still
                     # be deciding (or holding its lease). Such a job is claimed at its slot.
                     ahead = slot > now and (slot - now) * 2 > after - slot
                     (at_slot if ahead else due).append((job, slot))
             for job, after in following:
                 self._push(job, after)
-            for job, slot in at_slot:
-                firing.spawn(firing.fire(job, slot), job)
-            if len(due) == 1:
-                firing.spawn(firing.fire(*due[0]), due[0][0])
-            elif due:
-                firing.spawn(self.burst.fire_together(due), None)
-            if missed:
-                together = self.burst.miss_together(missed, now, self._push_and_wake)
-                # Passed-over ranges first: their jobs' late slots would close them unrecorded.
-                firing.spawn(firing.pass_over_then(passed_over, now, together), None)
+            self._dispatch(at_slot, due, missed, passed_over, taken_over, now)
+
+    def _dispatch(
+        self,
+        at_slot: list[tuple[Job, datetime]],
+        due: list[tuple[Job, datetime]],
+        missed: list[tuple[Job, list[datetime], datetime]],
+        passed_over: list[tuple[Job, misfire.PassedOver]],
+        taken_over: list[bool],
+        now: datetime,
+    ) -> None:
+        """Hand on what one look at the heap found: slots claimed at their time, slots due
+        together (one burst), late slots of ``misfire="skip"`` jobs (recorded together)."""
+        firing = self.firing
+        for job, slot in at_slot:
+            firing.spawn(firing.fire(job, slot), job)
+        if len(due) == 1:
+            firing.spawn(firing.fire(*due[0]), due[0][0])
+        elif due:
+            firing.spawn(self.burst.fire_together(due), None)
+        if missed:
+            flags = iter(taken_over)  # miss_together resumes the jobs in `missed`'s order
+
+            def resume(job: Job, slot: datetime) -> None:
+                self._resume(job, slot, next(flags, False))
+
+            together = self.burst.miss_together(missed, now, resume)
+            # Passed-over ranges first: their jobs' late slots would close them unrecorded.
+            firing.spawn(firing.pass_over_then(passed_over, now, together), None)

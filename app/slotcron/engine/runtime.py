@@ -34,6 +34,7 @@ from typing import Any
 
 from slotcron.engine.horizon import RuntimePlanner
 from slotcron.engine.scheduled import JobSchedules, ScheduledJob, scheduled_job
+from slotcron.engine.shares import Shares
 from slotcron.jobs.misfire import MAX_GRACE
 from slotcron.jobs.registry import Job
 from slotcron.jobs.schedule_rows import read_row
@@ -73,10 +74,14 @@ class Runtime(Role):
         schedules: JobSchedules,
         pool_size: int = 10,
         lease: float = 60.0,
+        shares: Shares | None = None,
     ) -> None:
         super().__init__(shared)
         self.tasks = {t.name: t for t in tasks if t.enabled}
         self.planner = planner
+        self.shares = shares or planner.shares
+        self._taking: set[str] = set()
+        """Schedules of other members whose overdue slot is taken over here (read by id)."""
         self.schedules = schedules
         self.horizon = planner.horizon
         self.lease = lease
@@ -166,6 +171,7 @@ class Runtime(Role):
             now = self.clock.now()
             for name in ids:
                 self._apply(name, rows.get(name), now)
+        self._taking.clear()  # a slot not taken over now is looked for again by the takeover
         await self._report_unknown()
 
     def _defer_refresh(self) -> bool:
@@ -220,9 +226,12 @@ class Runtime(Role):
             self.unreadable.pop(name, None)
             self._warned.pop(name, None)
             return False
+        if name not in self._taking and not self.shares.owns_now(name):
+            planner.drop(name)  # another member plans it
+            return False
         version = (row.updated_at, row.fingerprint or "")
         if held is not None and (held.version, held.mark) == version:
-            return False
+            return name in self._taking and planner.popped.get(name) != row.next_slot_at
         slot: datetime = row.next_slot_at
         if slot >= now + self.horizon:
             planner.drop(name)
@@ -233,15 +242,25 @@ class Runtime(Role):
         return not (held is None and popped is not None and slot <= popped)
 
     def _apply(self, name: str, row: Any, now: datetime) -> None:
-        """Bring what is held of schedule ``name`` in line with its row (None: removed)."""
-        if not self._stale(name, row, now):
+        """Bring what is held of schedule ``name`` in line with its row (None: removed); or,
+        for a schedule another member owns whose slot is taken over, fire that slot once."""
+        taking = name in self._taking
+        stale = self._stale(name, row, now)
+        self._taking.discard(name)
+        if not stale:
             return
         job = self._job(row, self.tasks[row.task])
         if job is None:
             self.planner.drop(name)
             return
-        self.schedules.hold(job)
-        self.planner.admit(job, row.next_slot_at)
+        if taking and not self.shares.owns_now(name):
+            if row.next_slot_at > now:  # its owner claimed it meanwhile
+                return
+            self.schedules.hold(job)
+            self.planner.take(job, row.next_slot_at)
+        else:
+            self.schedules.hold(job)
+            self.planner.admit(job, row.next_slot_at)
         self.loaded += 1
 
     def _job(self, row: Any, task: Job) -> ScheduledJob | None:
@@ -264,6 +283,24 @@ class Runtime(Role):
         if self._warned.pop(spec.id, None) is not None:
             log.info("schedule %r can be read again: it fires from its next slot", spec.id)
         return scheduled_job(row, task, spec)
+
+    def may_take(self, name: str, task: str) -> bool:
+        """Whether an overdue slot of schedule ``name`` is to be taken over here: its task is
+        registered here and another member owns it."""
+        return task in self.tasks and not self.shares.owns_now(name)
+
+    def take_over(self, names: list[str]) -> None:
+        """Read these schedules by id and fire their overdue slot here once
+        (:mod:`slotcron.engine.takeover`)."""
+        if names:
+            self._taking.update(names)
+            self.reread(names)
+
+    def reshare(self) -> None:
+        """The members changed: read the horizon again (the schedules this instance owns now
+        are loaded, those it owns no more dropped)."""
+        self._refresh_due = True
+        self._wake.set()
 
     def reread(self, names: list[str]) -> None:
         """Read these schedules again by id: a claim of one was refused for presenting a version

@@ -83,6 +83,18 @@ class _Runtime(Protocol):
     def quarantined(self) -> int: ...
 
 
+class _Shares(Protocol):
+    @property
+    def members(self) -> tuple[str, ...]: ...
+
+
+class _Takeover(Protocol):
+    @property
+    def taken(self) -> int: ...
+    @property
+    def shares(self) -> _Shares: ...
+
+
 class Scraped(Protocol):
     """What :class:`InstanceCollector` reads of an instance at scrape time (``Service``
     matches it as it is)."""
@@ -107,6 +119,8 @@ class Scraped(Protocol):
     def reconnection(self) -> _Reconnection: ...
     @property
     def runtime(self) -> _Runtime: ...
+    @property
+    def takeover(self) -> _Takeover: ...
     @property
     def clock(self) -> Clock: ...
 
@@ -225,6 +239,17 @@ class InstanceCollector(Collector):
             "Runtime schedules due within the horizon whose rows cannot be read (listed with "
             "their error by GET /api/schedules); every other schedule fires",
             instance.runtime.quarantined,
+        )
+        yield _gauge(
+            "slotcron_cluster_members",
+            "Live instances sharing the planning of this instance's jobs, itself included",
+            len(instance.takeover.shares.members),
+        )
+        yield _counter(
+            "slotcron_slots_taken_over",
+            "Slots of another instance's jobs fired here because their owner did not claim "
+            "them in time (dead, paused or cut off)",
+            instance.takeover.taken,
         )
         yield _counter(
             "slotcron_failover_fenced_runs",

@@ -23,12 +23,15 @@ from slotcron.engine.queued import QueuedRuns
 from slotcron.engine.runner import Runner
 from slotcron.engine.runtime import Runtime
 from slotcron.engine.scheduled import JobSchedules, ScheduledJob
+from slotcron.engine.shares import Shares, jobs_digest
 from slotcron.engine.supersession import Supersession
+from slotcron.engine.takeover import Takeover
 from slotcron.jobs.registry import Job
 from slotcron.lifeline.fencing import Fencing
 from slotcron.lifeline.heartbeat import Heartbeat, Shedder
 from slotcron.lifeline.inflight import Runs
 from slotcron.lifeline.leader import Leader
+from slotcron.lifeline.membership import Membership
 from slotcron.lifeline.reconnection import Reconnection
 from slotcron.lifeline.roles import Collaborators
 from slotcron.lifeline.watchdog import Watchdog
@@ -37,6 +40,7 @@ from slotcron.observe.events import Events, Hook, Observer, load_hooks
 from slotcron.observe.metrics import Counting, JobLabels, Metrics, PrometheusMetrics
 from slotcron.observe.runlog import RunLog
 from slotcron.observe.tracing import Tracing
+from slotcron.store import membership as membership_store
 
 QUEUE_POLL_SECONDS = 1.0
 """The longest the queue of manual runs waits between looks (with no notification)."""
@@ -111,6 +115,8 @@ class Engine:
     backfilling: Backfilling
     period: float
     """Seconds between the roles' looks (heartbeat, queue): several to the shortest lease."""
+    membership: Membership
+    takeover: Takeover
 
 
 def engine(
@@ -171,7 +177,36 @@ def engine(
         schedules, claimer, supersession, outcomes, reconnection, runner, firing, planner,
         schedule_planner, runtime, queued,
         _backfilling(settings, shared, jobs, schedules, queued, runtime), period,
+        *_sharing(shared, jobs_digest(jobs, tasks, settings.timezone), planner, runtime, period),
     )  # fmt: skip
+
+
+def _sharing(
+    shared: Collaborators,
+    digest: str,
+    planner: Planner,
+    runtime: Runtime,
+    period: float,
+) -> tuple[Membership, Takeover]:
+    """Each slot planned by one member (issue 29): the members' view, read every ``period``,
+    and the look for slots their owner did not claim in time."""
+
+    async def reshare() -> None:
+        names = planner.newly_owned()
+        planner.reshare(await membership_store.next_slots(shared.db, names) if names else {})
+        runtime.reshare()
+
+    takeover = Takeover(shared, shares=planner.shares, planner=planner, runtime=runtime)
+    stats = planner.firing.claimer.stats
+    membership = Membership(
+        shared,
+        shares=planner.shares,
+        jobs_digest=digest,
+        period=period,
+        on_change=reshare,
+        signs=lambda: stats.taken + takeover.taken,
+    )
+    return membership, takeover
 
 
 def _backfilling(
@@ -207,8 +242,13 @@ def _planners(
     schedules = firing.schedules
     assert isinstance(schedules, JobSchedules)
     burst = Burst(schedules, clock=shared.clock, claimer=firing.claimer, firing=firing)
-    planner = Planner(jobs, schedules, clock=shared.clock, firing=firing, burst=burst)
-    schedule_planner = RuntimePlanner(schedules, clock=shared.clock, firing=firing, burst=burst)
+    shares = Shares(shared.instance_id)
+    planner = Planner(
+        jobs, schedules, clock=shared.clock, firing=firing, burst=burst, shares=shares
+    )
+    schedule_planner = RuntimePlanner(
+        schedules, clock=shared.clock, firing=firing, burst=burst, shares=shares
+    )
     runtime = Runtime(
         shared,
         tasks=tasks,

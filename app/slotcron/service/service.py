@@ -135,6 +135,7 @@ class Service:
         self.firing, self.planner, self.queued = parts.firing, parts.planner, parts.queued
         self.schedule_planner, self.runtime = parts.schedule_planner, parts.runtime
         self.backfilling = parts.backfilling
+        self.membership, self.takeover = parts.membership, parts.takeover
         kept = assemble.lifeline(
             self.settings,
             shared,
@@ -173,12 +174,16 @@ class Service:
             self.backfilling,
             self.runtime,
             self.leader,
+            self.membership,
+            self.takeover,
         ]
 
     @property
     def claiming(self) -> list[Stoppable]:
         """What shutdown stops in phase 1, in order: whatever starts new runs or decides slots."""
         return [
+            self.takeover,
+            self.membership,
             self.queued,
             self.backfilling,
             self.runtime,
@@ -219,7 +224,7 @@ class Service:
         now = self.clock.now()
         orphans = await lifeline.abandon_orphans(self.db, instance_id=self.instance_id, now=now)
         self.events.abandoned(orphans, at_start_up=True)  # those never started: QUEUED again
-        await startup.register_instance(self.db, self.instance_id, now)
+        await startup.register_instance(self.db, self.instance_id, now, self.membership.jobs_digest)
         self.expected = await startup.register_jobs(
             self.db,
             self.settings,
@@ -254,6 +259,10 @@ class Service:
         """Start firing: the planners and the background roles."""
         self.state = InstanceState.RUNNING
         await self.alerts.start()
+        # Our row says we are alive now (registering thousands of jobs can take longer than the
+        # others' silence limit), then plan only this instance's share from the start.
+        await self.heartbeat.beat()
+        await self.membership.refresh()
         self.planner.start(self.expected)
         self.schedule_planner.start()
         for role in self.roles:

@@ -83,7 +83,9 @@ async def sync_clock(clock: Clock) -> None:
         )
 
 
-async def register_instance(db: Database, instance_id: str, now: datetime) -> None:
+async def register_instance(
+    db: Database, instance_id: str, now: datetime, jobs_digest: str | None = None
+) -> None:
     await registrations.register_instance(
         db,
         instance_id=instance_id,
@@ -91,6 +93,7 @@ async def register_instance(db: Database, instance_id: str, now: datetime) -> No
         pid=os.getpid(),
         version=__version__,
         now=now,
+        jobs_digest=jobs_digest,
     )
 
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 SCRIPT_LOCATION = str(Path(migrations.__file__).parent)
 
-HEAD = "0010"
+HEAD = "0011"
 """The newest revision in ``slotcron/migrations/versions`` (a test holds it to Alembic's own
 answer)."""
 

@@ -225,7 +225,14 @@ def _values(
 
 
 async def register_instance(
-    db: Database, *, instance_id: str, host: str, pid: int, version: str, now: datetime
+    db: Database,
+    *,
+    instance_id: str,
+    host: str,
+    pid: int,
+    version: str,
+    now: datetime,
+    jobs_digest: str | None = None,
 ) -> None:
     stmt = db.dialect.upsert(
         instances,
@@ -239,10 +246,11 @@ async def register_instance(
                 "heartbeat_at": now,
                 "state": "running",
                 "is_leader": False,
+                "jobs_digest": jobs_digest,
             }
         ],
         keys=["instance_id"],
-        update=["host", "pid", "version", "started_at", "heartbeat_at", "state"],
+        update=["host", "pid", "version", "started_at", "heartbeat_at", "state", "jobs_digest"],
     )
     async with db.transaction() as conn:
         await conn.execute(stmt)

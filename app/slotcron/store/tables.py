@@ -287,6 +287,9 @@ instances = Table(
     Column("is_leader", Boolean, nullable=False, default=False),
     # Random per process: tells a second live process under the same id from a restart.
     Column("incarnation", String(32), nullable=True),
+    # The jobs and tasks it registers (names and fingerprints), hashed: the live instances with
+    # the same digest share the planning of those jobs (app/slotcron/engine/shares.py).
+    Column("jobs_digest", String(64), nullable=True),
 )
 
 LEADER_ROW = "leader"

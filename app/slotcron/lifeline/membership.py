@@ -1,0 +1,99 @@
+"""Membership: which live instances share the planning of this instance's jobs.
+
+Read from the instance rows at start-up, then every heartbeat period while the instance shares
+its jobs (every :data:`ALONE_PERIODS` periods while alone: one statement a minute at the default
+15 s), and within a second of a sign that the view is wrong: a claim lost to another instance
+(a member this one does not know of tried the same slot) or a slot taken over (a member it
+believes alive did not claim it). A late read costs duplicate claim attempts or a slot
+taken over, never a slot run twice. A member is live while it is ``running`` and its heartbeat
+is at most :data:`SILENT_PERIODS` periods old (an idle instance heartbeats every other period).
+A read that fails keeps the last view.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+
+from slotcron.engine.shares import Shares
+from slotcron.lifeline.outage import DB_ERRORS, resume_cancellation
+from slotcron.lifeline.roles import Collaborators, Role
+from slotcron.store import membership
+
+log = logging.getLogger("slotcron.membership")
+
+SILENT_PERIODS = 2.5
+"""Heartbeat periods after which a silent member is no longer counted."""
+CHECK_SECONDS = 1.0
+"""How often the signs are looked at (in memory: no statement)."""
+ALONE_PERIODS = 4
+"""Heartbeat periods between two reads while alone: a member joining is learnt of from a lost
+claim only by the instance that loses; the one that wins every race learns of it here."""
+
+
+class Membership(Role):
+    name = "membership"
+
+    def __init__(
+        self,
+        shared: Collaborators,
+        *,
+        shares: Shares,
+        jobs_digest: str,
+        period: float,
+        on_change: Callable[[], Awaitable[None]] | None = None,
+        signs: Callable[[], int] = lambda: 0,
+    ) -> None:
+        super().__init__(shared)
+        self.shares = shares
+        self.jobs_digest = jobs_digest
+        self.period = period
+        self.on_change = on_change
+        self.signs = signs
+        """A count that grows with each sign of another member: claims lost, slots taken
+        over."""
+        self.reads = 0
+        self._pending = False
+        """A change whose consequences could not be read (the database failed): done again at
+        the next read, changed or not."""
+
+    async def run(self) -> None:
+        seen, read_at = self.signs(), time.monotonic()
+        while True:
+            await self.clock.sleep(CHECK_SECONDS)
+            signs = self.signs()
+            every = self.period * (ALONE_PERIODS if self.shares.alone else 1)
+            periodic = time.monotonic() - read_at >= every
+            if periodic or signs != seen or self._pending:
+                seen, read_at = signs, time.monotonic()
+                await self.refresh()
+
+    async def refresh(self) -> None:
+        """Read the members; tell the planners when they changed."""
+        alive_after = self.clock.now() - timedelta(seconds=self.period * SILENT_PERIODS)
+        self.reads += 1
+        try:
+            found = await membership.members(
+                self.db, jobs_digest=self.jobs_digest, alive_after=alive_after
+            )
+        except DB_ERRORS as exc:
+            resume_cancellation(exc)
+            return
+        changed = self.shares.update(found)
+        if changed:
+            log.info(
+                "%d instance%s share the planning of this instance's jobs: %s",
+                len(self.shares.members),
+                "" if len(self.shares.members) == 1 else "s",
+                ", ".join(self.shares.members),
+            )
+        if (changed or self._pending) and self.on_change is not None:
+            self._pending = True
+            try:
+                await self.on_change()
+            except DB_ERRORS as exc:
+                resume_cancellation(exc)
+                return
+            self._pending = False

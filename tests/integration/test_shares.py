@@ -1,0 +1,97 @@
+"""Each slot planned once per cluster (issue 29): two in-process instances share their jobs by
+rendezvous hashing, each job's slots run on its owner, and an owner that leaves has its slots
+taken over at once, judged by what the jobs recorded themselves."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime
+
+import pytest
+from slotcron import JobContext, cron
+from slotcron.engine.shares import owner
+from slotcron.jobs.registry import Registry
+from slotcron.service.service import Service
+
+from tests.conftest import ServiceFactory, wait_for
+
+JOBS = 20
+Ran = list[tuple[str, datetime, str]]
+
+
+def every_second(ran: Ran) -> Registry:
+    registry = Registry()
+
+    def make(i: int) -> None:
+        @cron("* * * * * *", name=f"share-{i}", registry=registry)
+        async def job(ctx: JobContext) -> None:
+            ran.append((ctx.job, ctx.scheduled_at, ctx.instance_id))
+
+    for i in range(JOBS):
+        make(i)
+    return registry
+
+
+def slots_seen(ran: Ran) -> list[datetime]:
+    return sorted({slot for _, slot, _ in ran})
+
+
+async def sharing_pair(start_service: ServiceFactory, ran: Ran) -> tuple[Service, Service]:
+    """Two instances of the same jobs, once the first has seen the second."""
+    registry = every_second(ran)
+    a = await start_service(list(registry), instance_id="share-a")
+    b = await start_service(list(registry), instance_id="share-b")
+    await wait_for(lambda: a.takeover.shares.members == ("share-a", "share-b"), what="a sees b")
+    return a, b
+
+
+def assert_each_ran_once(ran: Ran, slots: list[datetime], what: str) -> None:
+    """No slot ran twice, and every job ran at each of ``slots``."""
+    counts = Counter((job, slot) for job, slot, _ in ran)
+    assert not [k for k, n in counts.items() if n > 1], "a slot ran twice"
+    for slot in slots:
+        for i in range(JOBS):
+            assert (f"share-{i}", slot) in counts, f"share-{i} at {slot} {what}"
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb", "sqlite"], indirect=True)
+async def test_two_instances_share_the_jobs_and_run_each_slot_once(
+    start_service: ServiceFactory,
+) -> None:
+    ran: Ran = []
+    a, b = await sharing_pair(start_service, ran)
+    since = max(slots_seen(ran), default=datetime.min.replace(tzinfo=UTC))
+    await wait_for(
+        lambda: len([s for s in slots_seen(ran) if s > since]) >= 4, timeout=20, what="4 slots"
+    )
+    shared = [s for s in slots_seen(ran) if s > since][:-1]  # the last may be under way
+    assert_each_ran_once(ran, shared, "did not run")
+    # Each job ran where rendezvous hashing puts it, and both instances have a share.
+    members = ["share-a", "share-b"]
+    where = {(job, slot): instance for job, slot, instance in ran if slot in shared}
+    wrong = {k: v for k, v in where.items() if v != owner(k[0], members)}
+    assert not wrong, f"runs away from their owner: {wrong}"
+    assert set(where.values()) == set(members)
+    assert a.takeover.taken == b.takeover.taken == 0
+    for instance in (a, b):  # each job planned once on its owner, never twice
+        entries = Counter(job.name for _, _, job in instance.planner._heap)
+        assert entries and max(entries.values()) == 1, entries
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"], indirect=True)
+async def test_an_owner_that_stops_has_its_slots_taken_over_within_its_grace(
+    start_service: ServiceFactory,
+) -> None:
+    ran: Ran = []
+    a, b = await sharing_pair(start_service, ran)
+    # a stops planning and claiming without a word to b (a member hung on its database, or
+    # paused): its heartbeat row still says it is alive.
+    await a.planner.stop()
+    stopped = max(slots_seen(ran))
+    await wait_for(
+        lambda: len([s for s in slots_seen(ran) if s > stopped]) >= 3, timeout=20, what="3 slots"
+    )
+    after = [s for s in slots_seen(ran) if s > stopped][:-1]
+    assert_each_ran_once(ran, after, "was not taken over")
+    assert b.takeover.taken > 0
+    assert {instance for _, slot, instance in ran if slot in after} == {"share-b"}

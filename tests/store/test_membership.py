@@ -1,0 +1,74 @@
+"""slotcron.store.membership on every backend: the members are the running instances with the
+same job digest and a recent heartbeat; the overdue read finds the slots nobody claimed in
+time (newest first, a paused job's too: its slot is recorded SKIPPED by whoever claims it), and
+the next one due."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from slotcron.store import membership, registrations
+from slotcron.store.database import Database
+from slotcron.store.tables import jobs
+from sqlalchemy import update
+
+from tests.integration.test_batch_claims import register
+
+NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+SECOND = timedelta(seconds=1)
+
+
+async def instance(db: Database, name: str, digest: str | None, beat: datetime) -> None:
+    await registrations.register_instance(
+        db, instance_id=name, host="h", pid=1, version="v", now=beat, jobs_digest=digest
+    )
+
+
+async def test_members_share_a_digest_run_and_heartbeat(db: Database) -> None:
+    await instance(db, "a", "d1", NOW)
+    await instance(db, "b", "d1", NOW - 2 * SECOND)
+    await instance(db, "c", "d2", NOW)  # another deploy's jobs
+    await instance(db, "d", "d1", NOW - 10 * SECOND)  # silent
+    await instance(db, "e", None, NOW)  # an earlier version: shares with nobody
+    await instance(db, "f", "d1", NOW)
+    await registrations.set_instance_state(db, instance_id="f", state="draining", now=NOW)
+    found = await membership.members(db, jobs_digest="d1", alive_after=NOW - 5 * SECOND)
+    assert sorted(found) == ["a", "b"]
+    assert await membership.members(db, jobs_digest="d2", alive_after=NOW - SECOND) == ["c"]
+
+
+async def test_the_overdue_read_and_the_next_slot_due(db: Database) -> None:
+    await register(db, ["late", "later", "old", "paused", "future", "soon"])
+    nexts = {
+        "late": NOW - SECOND,
+        "later": NOW - 2 * SECOND,
+        "old": NOW - 120 * SECOND,  # out of the window
+        "paused": NOW - SECOND,
+        "future": NOW + 30 * SECOND,
+        "soon": NOW + 5 * SECOND,
+    }
+    async with db.transaction() as conn:
+        for name, at in nexts.items():
+            await conn.execute(
+                update(jobs)
+                .where(jobs.c.name == name)
+                .values(next_slot_at=at, paused=name == "paused")
+            )
+    found = await membership.overdue(
+        db, before=NOW - 0.3 * SECOND, after=NOW - 60 * SECOND, limit=10
+    )
+    assert found == [
+        ("late", None, NOW - SECOND),
+        ("paused", None, NOW - SECOND),
+        ("later", None, NOW - 2 * SECOND),
+    ]
+    assert await membership.overdue(
+        db, before=NOW - 0.3 * SECOND, after=NOW - 60 * SECOND, limit=1
+    ) == [("late", None, NOW - SECOND)]
+    assert await membership.next_due(db, after=NOW - 0.3 * SECOND) == NOW + 5 * SECOND
+    assert await membership.next_due(db, after=NOW + 60 * SECOND) is None
+    assert await membership.next_slots(db, ["late", "future", "unknown"]) == {
+        "late": NOW - SECOND,
+        "future": NOW + 30 * SECOND,
+    }
+    assert await membership.next_slots(db, []) == {}
