@@ -2,9 +2,9 @@
 signal or a pause aimed a few milliseconds before the slot by the harness's clock, judged by
 what the jobs themselves recorded.
 
-Instance ``ahead`` claims most of each burst: the healthy ``other`` has a quarter of the permits, so
-it claims only a few slots ahead and leaves the rest to ``ahead`` (the permits it has are enough
-to run, a few at a time, whatever is handed to it).
+The two instances share the jobs (each plans and claims ahead only its own share, about half);
+the test strikes at ``ahead`` once every slot of a burst is claimed, its share among them, and
+judges that the share runs once, elsewhere, by the jobs' own records.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ JOBS = "tests.cluster.jobs_ahead"
 # Bounds of milliseconds before a slot and of lateness after a kill: each test runs while no
 # other test of the run loads the machine.
 pytestmark = pytest.mark.alone
-N_JOBS = 200
+N_JOBS = 400  # each instance's share about 200: claimed some 20 ms before the slot
 EVERY = 5.0
 LEASE = 2.0
 MARGIN = 1.0  # a loaded 2-core machine: a leader's look or a queue poll may come late by this
@@ -46,7 +46,7 @@ BACKENDS = pytest.mark.parametrize("backend", ["postgresql", "mariadb"], indirec
 
 def start_pair(spawn: Spawn, **ahead_env: Any) -> tuple[Instance, Instance]:
     ahead = spawn("ahead", JOBS, **ENV, SCHEDULER_MAX_CONCURRENCY=10_000, **ahead_env)
-    other = spawn("other", JOBS, **ENV, SCHEDULER_MAX_CONCURRENCY=N_JOBS // 4)
+    other = spawn("other", JOBS, **ENV, SCHEDULER_MAX_CONCURRENCY=10_000)
     return ahead, other
 
 
@@ -165,7 +165,8 @@ async def test_a_burst_claimed_ahead_by_an_instance_killed_before_its_slot_runs_
     await asyncio.to_thread(wait_until, all_ran, LEASE + MARGIN + 5, "every slot to run")
     await asyncio.sleep(0.5)  # a second run of any slot would show by now
     late = assert_each_ran_once_on(read_records(records_path), slot, "other")
-    assert len(claimed) >= N_JOBS / 2, f"the killed instance claimed only {len(claimed)} slots"
+    # Its share: about half (rendezvous hashing of 400 jobs over two instances).
+    assert len(claimed) >= N_JOBS / 4, f"the killed instance claimed only {len(claimed)} slots"
     assert max(late) <= LEASE + MARGIN, f"the last slot ran {max(late):.2f} s late"
     rows = await rows_of(db, slot)
     assert Counter(r.status for r in rows) == Counter({"COMPLETED": N_JOBS})
@@ -264,7 +265,7 @@ async def test_sigterm_with_no_drain_just_before_the_slot_hands_the_burst_to_ano
     records = read_records(records_path)
     started = starts_of(records, slot)
     late = assert_each_ran_once_on(records, slot, "other")
-    assert len(claimed) >= N_JOBS / 2, f"the stopped instance claimed only {len(claimed)} slots"
+    assert len(claimed) >= N_JOBS / 4, f"the stopped instance claimed only {len(claimed)} slots"
     rows = await rows_of(db, slot)
     assert Counter(r.status for r in rows) == Counter({"COMPLETED": N_JOBS})
     async with db.read() as conn:
