@@ -42,6 +42,8 @@ async def sharing_pair(start_service: ServiceFactory, ran: Ran) -> tuple[Service
     a = await start_service(list(registry), instance_id="share-a")
     b = await start_service(list(registry), instance_id="share-b")
     await wait_for(lambda: a.takeover.shares.members == ("share-a", "share-b"), what="a sees b")
+    # b told a it joined: a's heartbeat found its flag (a reads nothing while alone).
+    await wait_for(lambda: a.membership.flags >= 1, what="a's heartbeat to find b's flag")
     return a, b
 
 
@@ -76,6 +78,22 @@ async def test_two_instances_share_the_jobs_and_run_each_slot_once(
     for instance in (a, b):  # each job planned once on its owner, never twice
         entries = Counter(job.name for _, _, job in instance.planner._heap)
         assert entries and max(entries.values()) == 1, entries
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "sqlite"], indirect=True)
+async def test_an_instance_alone_reads_no_members_until_one_joins(
+    start_service: ServiceFactory,
+) -> None:
+    ran: Ran = []
+    registry = every_second(ran)
+    a = await start_service(list(registry), instance_id="alone-a")
+    beats = a.heartbeat.period
+    reads = a.membership.reads
+    await wait_for(lambda: len(slots_seen(ran)) >= 4 * beats + 2, timeout=30, what="4 periods")
+    assert a.membership.reads == reads, "an instance alone read the members"
+    await start_service(list(registry), instance_id="alone-b")
+    await wait_for(lambda: len(a.takeover.shares.members) == 2, timeout=10, what="a sees b")
+    assert a.membership.flags == 1
 
 
 @pytest.mark.parametrize("backend", ["postgresql", "mariadb"], indirect=True)

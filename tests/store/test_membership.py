@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from slotcron.store import membership, registrations
+import pytest
+from slotcron.store import membership, registrations, runs
 from slotcron.store.database import Database
-from slotcron.store.tables import jobs
-from sqlalchemy import update
+from slotcron.store.runs import IncarnationLost
+from slotcron.store.tables import instances, jobs
+from sqlalchemy import select, update
 
 from tests.integration.test_batch_claims import register
 
@@ -35,6 +37,55 @@ async def test_members_share_a_digest_run_and_heartbeat(db: Database) -> None:
     found = await membership.members(db, jobs_digest="d1", alive_after=NOW - 5 * SECOND)
     assert sorted(found) == ["a", "b"]
     assert await membership.members(db, jobs_digest="d2", alive_after=NOW - SECOND) == ["c"]
+
+
+async def flags(db: Database) -> dict[str, bool]:
+    async with db.read() as conn:
+        rows = await conn.execute(select(instances.c.instance_id, instances.c.reshare))
+        return {r.instance_id: bool(r.reshare) for r in rows}
+
+
+async def test_a_member_that_joins_flags_the_others_and_their_heartbeat_finds_it(
+    db: Database,
+) -> None:
+    for name, digest in (("a", "d1"), ("b", "d1"), ("c", "d2"), ("joiner", "d1")):
+        await instance(db, name, digest, NOW)
+    await registrations.set_instance_state(db, instance_id="b", state="draining", now=NOW)
+    await membership.announce(db, jobs_digest="d1", instance_id="joiner")
+    # The running members with its digest, not itself, not another deploy's, not a leaving one.
+    assert await flags(db) == {"a": True, "b": False, "c": False, "joiner": False}
+    found: list[str] = []
+
+    async def beat(name: str, busy: bool, incarnation: str | None = None) -> None:
+        await runs.renew(
+            db,
+            instance_id=name,
+            now=NOW + SECOND,
+            lease_counts={60_000: 0} if busy else {},
+            instance_state="running",
+            incarnation=incarnation,
+            on_reshare=lambda: found.append(name),
+        )
+
+    await beat("a", busy=False)
+    await beat("a", busy=False)  # found once: the renewal cleared it
+    await beat("c", busy=True)
+    assert found == ["a"]
+    await membership.announce(db, jobs_digest="d1", instance_id="joiner")
+    await beat("a", busy=True)  # a renewal with runs finds it too
+    assert found == ["a", "a"]
+    assert await flags(db) == {"a": False, "b": False, "c": False, "joiner": False}
+    async with db.read() as conn:
+        beats = dict(
+            (await conn.execute(select(instances.c.instance_id, instances.c.heartbeat_at))).all()
+        )
+    assert beats["a"] == beats["c"] == NOW + SECOND  # each flagged or not, renewed
+    # Another incarnation's row, flagged or not: lost, and nothing is cleared or called.
+    await membership.announce(db, jobs_digest="d1", instance_id="joiner")
+    with pytest.raises(IncarnationLost):
+        await beat("a", busy=False, incarnation="not-a's")
+    assert found == ["a", "a"]
+    assert (await flags(db))["a"] is True
 
 
 async def test_the_overdue_read_and_the_next_slot_due(db: Database) -> None:

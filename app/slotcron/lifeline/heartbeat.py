@@ -57,6 +57,9 @@ class Heartbeat(Role):
         meanwhile (time fences them if it cannot judge)."""
         """Called once, when the instance id is found held by another process (the service
         shuts down then, and exits 1)."""
+        self.on_reshare: Callable[[], None] | None = None
+        """Called when the renewal found the instance row's ``reshare`` flag set (an instance
+        joined this one's members: :mod:`slotcron.lifeline.membership`); None: not watched."""
 
     async def run(self) -> None:
         while True:
@@ -105,6 +108,7 @@ class Heartbeat(Role):
                     instance_state=self.instance_state(),
                     incarnation=self.incarnation,
                     ours=[handle.claim.key for handle in counted],
+                    on_reshare=self.on_reshare,
                 )
         except IncarnationLost:
             self.outage.recovered()

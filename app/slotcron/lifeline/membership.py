@@ -1,10 +1,11 @@
 """Membership: which live instances share the planning of this instance's jobs.
 
 Read from the instance rows at start-up, then every heartbeat period while the instance shares
-its jobs (every :data:`ALONE_PERIODS` periods while alone: one statement a minute at the default
-15 s), and within a second of a sign that the view is wrong: a claim lost to another instance
-(a member this one does not know of tried the same slot) or a slot taken over (a member it
-believes alive did not claim it). A late read costs duplicate claim attempts or a slot
+its jobs, and within a second of a sign that the view is wrong: a claim lost to another instance
+(a member this one does not know of tried the same slot), a slot taken over (a member it
+believes alive did not claim it), or its ``reshare`` flag found set by its heartbeat (an
+instance that joins sets it on the members' rows: :func:`slotcron.store.membership.announce`).
+An instance alone reads nothing more: no statement while idle beyond the heartbeat. A late read costs duplicate claim attempts or a slot
 taken over, never a slot run twice. A member is live while it is ``running`` and its heartbeat
 is at most :data:`SILENT_PERIODS` periods old (an idle instance heartbeats every other period).
 A read that fails keeps the last view.
@@ -28,9 +29,6 @@ SILENT_PERIODS = 2.5
 """Heartbeat periods after which a silent member is no longer counted."""
 CHECK_SECONDS = 1.0
 """How often the signs are looked at (in memory: no statement)."""
-ALONE_PERIODS = 4
-"""Heartbeat periods between two reads while alone: a member joining is learnt of from a lost
-claim only by the instance that loses; the one that wins every race learns of it here."""
 
 
 class Membership(Role):
@@ -55,18 +53,26 @@ class Membership(Role):
         """A count that grows with each sign of another member: claims lost, slots taken
         over."""
         self.reads = 0
+        self.flags = 0
+        """How many times the heartbeat found this instance's ``reshare`` flag set."""
+        self._joined = False
+        """True once a read succeeded: the first one tells the members found that this
+        instance joined them."""
         self._pending = False
         """A change whose consequences could not be read (the database failed): done again at
         the next read, changed or not."""
 
+    def flagged(self) -> None:
+        """The heartbeat found the ``reshare`` flag set: read within :data:`CHECK_SECONDS`."""
+        self.flags += 1
+
     async def run(self) -> None:
-        seen, read_at = self.signs(), time.monotonic()
+        seen, read_at = self.signs() + self.flags, time.monotonic()
         while True:
             await self.clock.sleep(CHECK_SECONDS)
-            signs = self.signs()
-            every = self.period * (ALONE_PERIODS if self.shares.alone else 1)
-            periodic = time.monotonic() - read_at >= every
-            if periodic or signs != seen or self._pending:
+            signs = self.signs() + self.flags
+            periodic = not self.shares.alone and time.monotonic() - read_at >= self.period
+            if periodic or signs != seen or self._pending or not self._joined:
                 seen, read_at = signs, time.monotonic()
                 await self.refresh()
 
@@ -78,9 +84,14 @@ class Membership(Role):
             found = await membership.members(
                 self.db, jobs_digest=self.jobs_digest, alive_after=alive_after
             )
+            if not self._joined and len(found) > 1:
+                await membership.announce(
+                    self.db, jobs_digest=self.jobs_digest, instance_id=self.instance_id
+                )
         except DB_ERRORS as exc:
             resume_cancellation(exc)
             return
+        self._joined = True
         changed = self.shares.update(found)
         if changed:
             log.info(

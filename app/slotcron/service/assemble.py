@@ -313,6 +313,7 @@ def lifeline(
     )
     heartbeat.on_id_taken = on_id_taken
     heartbeat.judging_elsewhere = lambda: parts.reconnection.pending
+    heartbeat.on_reshare = parts.membership.flagged
     watchdog = None
     # Leases kept while a job blocks the loop (production clock only: a test's manual clock
     # does not move while the loop is blocked, and nothing lapses).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from slotcron.store.database import Database
 from slotcron.store.tables import instances, jobs
@@ -24,6 +24,22 @@ async def members(db: Database, *, jobs_digest: str, alive_after: datetime) -> l
             )
         )
         return [r.instance_id for r in rows]
+
+
+async def announce(db: Database, *, jobs_digest: str, instance_id: str) -> None:
+    """Tell the other running instances with ``jobs_digest`` that ``instance_id`` joined them:
+    their next heartbeat finds their ``reshare`` flag set, and they read the members again."""
+    async with db.transaction() as conn:
+        await conn.execute(
+            update(instances)
+            .where(
+                instances.c.jobs_digest == jobs_digest,
+                instances.c.state == "running",
+                instances.c.instance_id != instance_id,
+                instances.c.reshare == False,  # noqa: E712 (SQL)
+            )
+            .values(reshare=True)
+        )
 
 
 async def overdue(

@@ -11,12 +11,12 @@ and an id of ours may now name another run's row.
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Text, bindparam, select, update
+from sqlalchemy import Text, bindparam, false, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from slotcron.status import Status, Trigger
@@ -292,6 +292,7 @@ async def renew(
     instance_state: str,
     incarnation: str | None = None,
     ours: Collection[RunKey] | None = None,
+    on_reshare: Callable[[], None] | None = None,
 ) -> set[int] | None:
     """Renew the leases of all this instance's running executions and its own instance row.
 
@@ -307,13 +308,13 @@ async def renew(
     not noticed yet), and must lapse, to be recorded ABANDONED, rather than be kept alive by us.
     Still one statement per lease length: the ids are one list parameter (one array on
     PostgreSQL).
+    With ``on_reshare``, the instance row is renewed only while its ``reshare`` flag is clear;
+    when it was set (an instance joined this one's members) the row is renewed again with the
+    flag cleared, and ``on_reshare`` called: a second statement only then.
     """
-    beat = _heartbeat(instance_id, incarnation, now=now, state=instance_state)
     if not lease_counts:  # idle: the instance row alone
         async with db.alone(write=True) as conn:
-            beaten = (await conn.execute(beat)).rowcount
-        if incarnation is not None and beaten == 0:
-            raise IncarnationLost(instance_id)
+            await _beat(conn, instance_id, incarnation, now, instance_state, on_reshare)
         return None
     complete = True
     # Only leases still live are extended (judged by the database's clock): a lapsed lease is
@@ -334,14 +335,35 @@ async def renew(
             )
             complete = complete and result.rowcount == expected
         # Raised inside the transaction: its lease renewals are rolled back with it.
-        if (await conn.execute(beat)).rowcount == 0 and incarnation is not None:
-            raise IncarnationLost(instance_id)
+        await _beat(conn, instance_id, incarnation, now, instance_state, on_reshare)
         if complete:
             return None
         rows = await conn.execute(
             select(executions.c.id).where(*mine, executions.c.heartbeat_at == now), params
         )
         return {int(r.id) for r in rows}
+
+
+async def _beat(
+    conn: Any,
+    instance_id: str,
+    incarnation: str | None,
+    now: datetime,
+    state: str,
+    on_reshare: Callable[[], None] | None,
+) -> None:
+    """Renew the instance row (see :func:`renew`); raise :class:`IncarnationLost` when it
+    names another incarnation."""
+    beat = _heartbeat(instance_id, incarnation, now=now, state=state)
+    if on_reshare is not None:
+        if (await conn.execute(beat.where(instances.c.reshare == false()))).rowcount:
+            return
+        beat = beat.values(reshare=False)  # set, or another incarnation's row: tell which
+    if (await conn.execute(beat)).rowcount:
+        if on_reshare is not None:
+            on_reshare()
+    elif incarnation is not None:
+        raise IncarnationLost(instance_id)
 
 
 def _heartbeat(instance_id: str, incarnation: str | None, *, now: datetime, state: str) -> Any:

@@ -290,6 +290,9 @@ instances = Table(
     # The jobs and tasks it registers (names and fingerprints), hashed: the live instances with
     # the same digest share the planning of those jobs (app/slotcron/engine/shares.py).
     Column("jobs_digest", String(64), nullable=True),
+    # Set by an instance that joins this one's members: its next heartbeat finds it, and its
+    # view of the members is read again (no periodic read while alone).
+    Column("reshare", Boolean, nullable=False, default=False, server_default="0"),
 )
 
 LEADER_ROW = "leader"
