@@ -5,10 +5,10 @@ its jobs, and within a second of a sign that the view is wrong: a claim lost to 
 (a member this one does not know of tried the same slot), a slot taken over (a member it
 believes alive did not claim it), or its ``reshare`` flag found set by its heartbeat (an
 instance that joins sets it on the members' rows: :func:`slotcron.store.membership.announce`).
-An instance alone reads nothing more: no statement while idle beyond the heartbeat. A late read costs duplicate claim attempts or a slot
-taken over, never a slot run twice. A member is live while it is ``running`` and its heartbeat
-is at most :data:`SILENT_PERIODS` periods old (an idle instance heartbeats every other period).
-A read that fails keeps the last view.
+An instance alone reads nothing more: no statement while idle beyond the heartbeat. A late
+read costs duplicate claim attempts or a slot taken over, never a slot run twice. A member is
+live while it is ``running`` and its heartbeat is at most :data:`SILENT_PERIODS` periods old
+(an idle instance heartbeats every other period). A read that fails keeps the last view.
 """
 
 from __future__ import annotations

@@ -28,9 +28,7 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     with op.batch_alter_table("scheduler_instances") as batch:
         batch.add_column(sa.Column("jobs_digest", sa.String(64), nullable=True))
-        batch.add_column(
-            sa.Column("reshare", sa.Boolean(), nullable=False, server_default="0")
-        )
+        batch.add_column(sa.Column("reshare", sa.Boolean(), nullable=False, server_default="0"))
 
 
 def downgrade() -> None:
