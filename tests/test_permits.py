@@ -84,7 +84,8 @@ class _Runner:
     ) -> str | None:
         if not await start:
             return None
-        self.admitted.append(await admit())  # type: ignore[operator]
+        admitted = admit()  # type: ignore[operator]
+        self.admitted.append(admitted if isinstance(admitted, bool) else await admitted)
         await self.release.wait()  # the body
         return "COMPLETED"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Mapping
+from collections.abc import Awaitable, Coroutine, Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Unpack
@@ -179,15 +179,20 @@ class Firing(LateSlots):
         held = [not ahead]  # whether this run holds a run permit
         ahead_held = [ahead]  # whether it still holds its ahead permit
 
-        async def admit() -> bool:
+        def admit() -> bool | Awaitable[bool]:
             """At the slot: a run permit (in this run's task, with no wait when one is free:
-            a future or task more per run cost a burst of 1,000 runs 10 ms of start lag), and
-            the ahead permit given back."""
+            a future, task or coroutine more per run cost a burst of 1,000 runs milliseconds of
+            start lag), and the ahead permit given back."""
+            if self.permits.run.try_take():
+                held[0] = True
+                ahead_held[0] = False
+                self.permits.ahead.give_back()
+                return True
+            return wait()
+
+        async def wait() -> bool:
             try:
-                taken = self.permits.run.try_take()
-                if not taken:
-                    taken = await self._run_permit(job, claim, give_up_at)
-                held[0] = taken
+                taken = held[0] = await self._run_permit(job, claim, give_up_at)
                 return taken
             finally:
                 ahead_held[0] = False
@@ -195,7 +200,7 @@ class Firing(LateSlots):
 
         async def run() -> None:
             try:
-                if ahead and start is None and not await admit():
+                if ahead and start is None and not await _admitted(admit()):
                     return
                 gate_admit = admit if ahead and start is not None else None
                 on_time = claim if start is not None else await self.on_time(job, claim, give_up_at)
@@ -285,3 +290,7 @@ class Firing(LateSlots):
             for task in pending:
                 if task in self._claiming:
                     task.cancel()
+
+
+async def _admitted(admitted: bool | Awaitable[bool]) -> bool:
+    return admitted if isinstance(admitted, bool) else await admitted

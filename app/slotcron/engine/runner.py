@@ -31,8 +31,10 @@ from slotcron.store.claims import Claim
 
 log = logging.getLogger("slotcron.runner")
 
-Admit = Callable[[], Awaitable[bool]]
-"""What a run claimed ahead still needs once its kick-off said yes (a run permit)."""
+Admit = Callable[[], bool | Awaitable[bool]]
+"""What a run claimed ahead still needs once its kick-off said yes (a run permit): whether it
+may start, said at once when a permit is free (no coroutine per run at a burst's slot), else
+awaited."""
 
 HAND_BACK_TIMEOUT = 2.0
 """Seconds a run stopped before its start tries to hand itself back; past it, the leader does."""
@@ -193,8 +195,10 @@ class Runner:
             # Handed back, SKIPPED (paused) or no longer ours; or started as part of its
             # chunk just as shutdown began: handed back, its body never started.
             return False
-        if admit is not None and not await admit():
-            return False
+        if admit is not None:
+            admitted = admit()
+            if not (admitted if isinstance(admitted, bool) else await admitted):
+                return False
         if job.jitter:
             await self.clock.sleep(random.uniform(0, job.jitter))
         if job.jitter or (start is None and not claim.started):
@@ -225,7 +229,9 @@ class Runner:
                     extra=self._fields(claim, Status.RUNNING),
                 )
             handle.began = self.events.run_started(claim, handle.started_at)
-            if job.timeout is None:
+            if job.timeout is None and not self.events.wrappers:  # no frame more at the start
+                await (job.func(ctx) if job.takes_context else job.func())
+            elif job.timeout is None:
                 await self._body(job, ctx)
             else:
                 timeout = asyncio.timeout(job.timeout)  # from now: jitter is not the job's time
