@@ -48,10 +48,16 @@ async def flags(db: Database) -> dict[str, bool]:
 async def test_a_member_that_joins_flags_the_others_and_their_heartbeat_finds_it(
     db: Database,
 ) -> None:
-    for name, digest in (("a", "d1"), ("b", "d1"), ("c", "d2"), ("joiner", "d1")):
+    for name, digest in (("a", "d1"), ("b", "d1"), ("c", "d2"), ("joiner", None)):
         await instance(db, name, digest, NOW)
     await registrations.set_instance_state(db, instance_id="b", state="draining", now=NOW)
-    await membership.announce(db, jobs_digest="d1", instance_id="joiner")
+    # Registered without a digest, a starting instance is nobody's member until it joins.
+    assert await membership.members(db, jobs_digest="d1", alive_after=NOW - SECOND) == ["a"]
+    await membership.join(db, jobs_digest="d1", instance_id="joiner")
+    assert sorted(await membership.members(db, jobs_digest="d1", alive_after=NOW - SECOND)) == [
+        "a",
+        "joiner",
+    ]
     # The running members with its digest, not itself, not another deploy's, not a leaving one.
     assert await flags(db) == {"a": True, "b": False, "c": False, "joiner": False}
     found: list[str] = []
@@ -71,7 +77,7 @@ async def test_a_member_that_joins_flags_the_others_and_their_heartbeat_finds_it
     await beat("a", busy=False)  # found once: the renewal cleared it
     await beat("c", busy=True)
     assert found == ["a"]
-    await membership.announce(db, jobs_digest="d1", instance_id="joiner")
+    await membership.join(db, jobs_digest="d1", instance_id="joiner")
     await beat("a", busy=True)  # a renewal with runs finds it too
     assert found == ["a", "a"]
     assert await flags(db) == {"a": False, "b": False, "c": False, "joiner": False}
@@ -81,7 +87,7 @@ async def test_a_member_that_joins_flags_the_others_and_their_heartbeat_finds_it
         )
     assert beats["a"] == beats["c"] == NOW + SECOND  # each flagged or not, renewed
     # Another incarnation's row, flagged or not: lost, and nothing is cleared or called.
-    await membership.announce(db, jobs_digest="d1", instance_id="joiner")
+    await membership.join(db, jobs_digest="d1", instance_id="joiner")
     with pytest.raises(IncarnationLost):
         await beat("a", busy=False, incarnation="not-a's")
     assert found == ["a", "a"]
@@ -117,6 +123,16 @@ async def test_the_overdue_read_and_the_next_slot_due(db: Database) -> None:
         db, before=NOW - 0.3 * SECOND, after=NOW - 60 * SECOND, limit=1
     ) == [("late", None, NOW - SECOND)]
     assert await membership.next_due(db, after=NOW - 0.3 * SECOND) == NOW + 5 * SECOND
+    # A schedule's slot is found only when its task is given (one no live instance registers
+    # waits, and must not hide the others).
+    async with db.transaction() as conn:
+        await conn.execute(update(jobs).where(jobs.c.name == "late").values(task="report"))
+    found = await membership.overdue(db, before=NOW, after=NOW - 60 * SECOND, limit=10)
+    assert [name for name, *_ in found] == ["paused", "later"]
+    found = await membership.overdue(
+        db, before=NOW, after=NOW - 60 * SECOND, limit=10, tasks=["report"]
+    )
+    assert found[0] == ("late", "report", NOW - SECOND)
     assert await membership.next_due(db, after=NOW + 60 * SECOND) is None
     assert await membership.next_slots(db, ["late", "future", "unknown"]) == {
         "late": NOW - SECOND,

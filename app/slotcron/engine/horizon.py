@@ -86,8 +86,12 @@ class RuntimePlanner(Planner):
 
     def _keeps(self, job: Job, slot: datetime) -> bool:
         if self.taken.get(job.name) is job:
-            del self.taken[job.name]  # its one slot, fired now
-        elif self.current.get(job.name) is not job:
+            # Its one slot, fired now. Not remembered as popped: the loader would refuse to
+            # load the schedule, or take it over again, while its row shows that slot (its
+            # claim gave up; or this instance owns it now).
+            del self.taken[job.name]
+            return True
+        if self.current.get(job.name) is not job:
             return False
         self.popped[job.name] = slot
         return True

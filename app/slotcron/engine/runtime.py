@@ -149,6 +149,7 @@ class Runtime(Role):
 
     async def step(self) -> None:
         """One round: read again what changed, or the whole horizon when it is time."""
+        taking = set(self._taking)  # a slot taken over during the round waits for the next
         if not self.listening and not self._refresh_due:
             token = await due_store.change_token(self.db, CHANGES_ROW)
             if token != self._token:
@@ -171,7 +172,8 @@ class Runtime(Role):
             now = self.clock.now()
             for name in ids:
                 self._apply(name, rows.get(name), now)
-        self._taking.clear()  # a slot not taken over now is looked for again by the takeover
+        # A slot not taken over by now is looked for again by the takeover.
+        self._taking -= taking
         await self._report_unknown()
 
     def _defer_refresh(self) -> bool:

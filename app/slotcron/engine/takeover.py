@@ -37,12 +37,17 @@ LOOK_MIN_SECONDS = 0.2
 LOOK_MAX_SECONDS = 2.0
 ALONE_SECONDS = 1.0
 """How often an instance alone looks whether it still is (nothing is read: its own view)."""
+SKIPPED_SECONDS = 0.5
+"""The next look, when every overdue slot found was this instance's own or taken over lately
+(their claims not committed yet): those found may hide others."""
 LIMIT = 2000
 """Overdue slots taken per look."""
 LOG_EVERY = timedelta(seconds=10)
-RETRY = timedelta(seconds=1)
+RETRY = timedelta(seconds=10)
 """A slot taken over and still open this long after is taken over again (its claim gave up,
-or was dropped): meanwhile a look that finds it open (its claim not committed yet) leaves it."""
+or was dropped): meanwhile a look that finds it open (its claim not committed yet, or waiting
+for a lease its live owner's run holds) leaves it. A claim that gave up is not lost either way:
+the next slot's claim finds it undecided and decides it by the misfire policy."""
 REMEMBERED = 50_000
 
 
@@ -78,7 +83,11 @@ class Takeover(Role):
         """Take over what is overdue; return how long to sleep until the next look."""
         now = self.clock.now()
         rows = await membership.overdue(
-            self.db, before=now - DELAY, after=now - MAX_GRACE, limit=LIMIT
+            self.db,
+            before=now - DELAY,
+            after=now - MAX_GRACE,
+            limit=LIMIT,
+            tasks=self.runtime.tasks,
         )
         code: list[tuple[Job, datetime]] = []
         schedules: list[str] = []
@@ -113,6 +122,8 @@ class Takeover(Role):
             self.runtime.take_over(schedules)
         if code or schedules:
             return LOOK_MIN_SECONDS
+        if rows:  # overdue, but this instance's own, or taken over lately: look again soon
+            return SKIPPED_SECONDS
         following = await membership.next_due(self.db, after=now - DELAY)
         if following is None:
             return LOOK_MAX_SECONDS

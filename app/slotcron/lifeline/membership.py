@@ -4,7 +4,7 @@ Read from the instance rows at start-up, then every heartbeat period while the i
 its jobs, and within a second of a sign that the view is wrong: a claim lost to another instance
 (a member this one does not know of tried the same slot), a slot taken over (a member it
 believes alive did not claim it), or its ``reshare`` flag found set by its heartbeat (an
-instance that joins sets it on the members' rows: :func:`slotcron.store.membership.announce`).
+instance that joins sets it on the members' rows: :func:`slotcron.store.membership.join`).
 An instance alone reads nothing more: no statement while idle beyond the heartbeat. A late
 read costs duplicate claim attempts or a slot taken over, never a slot run twice. A member is
 live while it is ``running`` and its heartbeat is at most :data:`SILENT_PERIODS` periods old
@@ -25,8 +25,10 @@ from slotcron.store import membership
 
 log = logging.getLogger("slotcron.membership")
 
-SILENT_PERIODS = 2.5
-"""Heartbeat periods after which a silent member is no longer counted."""
+SILENT_PERIODS = 4.5
+"""Heartbeat periods after which a silent member is no longer counted: an idle instance beats
+every other period, and one renewal that failed or hung must not drop it (each change of view
+costs a reshare; a member dead meanwhile has its slots taken over, slot by slot)."""
 CHECK_SECONDS = 1.0
 """How often the signs are looked at (in memory: no statement)."""
 
@@ -55,9 +57,11 @@ class Membership(Role):
         self.reads = 0
         self.flags = 0
         """How many times the heartbeat found this instance's ``reshare`` flag set."""
+        self._seen = signs()
+        """The signs as of the last read."""
         self._joined = False
-        """True once a read succeeded: the first one tells the members found that this
-        instance joined them."""
+        """True once this instance joined the members (:func:`slotcron.store.membership.join`,
+        at the first read, once it plans)."""
         self._pending = False
         """A change whose consequences could not be read (the database failed): done again at
         the next read, changed or not."""
@@ -67,13 +71,14 @@ class Membership(Role):
         self.flags += 1
 
     async def run(self) -> None:
-        seen, read_at = self.signs() + self.flags, time.monotonic()
+        read_at = time.monotonic()
         while True:
             await self.clock.sleep(CHECK_SECONDS)
             signs = self.signs() + self.flags
             periodic = not self.shares.alone and time.monotonic() - read_at >= self.period
-            if periodic or signs != seen or self._pending or not self._joined:
-                seen, read_at = signs, time.monotonic()
+            if periodic or signs != self._seen or self._pending or not self._joined:
+                # Kept on the instance: a sign that came while the loop restarted still counts.
+                self._seen, read_at = signs, time.monotonic()
                 await self.refresh()
 
     async def refresh(self) -> None:
@@ -81,17 +86,17 @@ class Membership(Role):
         alive_after = self.clock.now() - timedelta(seconds=self.period * SILENT_PERIODS)
         self.reads += 1
         try:
+            if not self._joined:
+                await membership.join(
+                    self.db, jobs_digest=self.jobs_digest, instance_id=self.instance_id
+                )
+            self._joined = True
             found = await membership.members(
                 self.db, jobs_digest=self.jobs_digest, alive_after=alive_after
             )
-            if not self._joined and len(found) > 1:
-                await membership.announce(
-                    self.db, jobs_digest=self.jobs_digest, instance_id=self.instance_id
-                )
         except DB_ERRORS as exc:
             resume_cancellation(exc)
             return
-        self._joined = True
         changed = self.shares.update(found)
         if changed:
             log.info(

@@ -224,7 +224,8 @@ class Service:
         now = self.clock.now()
         orphans = await lifeline.abandon_orphans(self.db, instance_id=self.instance_id, now=now)
         self.events.abandoned(orphans, at_start_up=True)  # those never started: QUEUED again
-        await startup.register_instance(self.db, self.instance_id, now, self.membership.jobs_digest)
+        # Without its job digest: a member of nobody until it plans (Membership joins then).
+        await startup.register_instance(self.db, self.instance_id, now)
         self.expected = await startup.register_jobs(
             self.db,
             self.settings,

@@ -83,9 +83,7 @@ async def sync_clock(clock: Clock) -> None:
         )
 
 
-async def register_instance(
-    db: Database, instance_id: str, now: datetime, jobs_digest: str | None = None
-) -> None:
+async def register_instance(db: Database, instance_id: str, now: datetime) -> None:
     await registrations.register_instance(
         db,
         instance_id=instance_id,
@@ -93,7 +91,6 @@ async def register_instance(
         pid=os.getpid(),
         version=__version__,
         now=now,
-        jobs_digest=jobs_digest,
     )
 
 

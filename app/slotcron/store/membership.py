@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 
 from slotcron.store.database import Database
 from slotcron.store.tables import instances, jobs
@@ -26,10 +27,17 @@ async def members(db: Database, *, jobs_digest: str, alive_after: datetime) -> l
         return [r.instance_id for r in rows]
 
 
-async def announce(db: Database, *, jobs_digest: str, instance_id: str) -> None:
-    """Tell the other running instances with ``jobs_digest`` that ``instance_id`` joined them:
-    their next heartbeat finds their ``reshare`` flag set, and they read the members again."""
+async def join(db: Database, *, jobs_digest: str, instance_id: str) -> None:
+    """``instance_id`` joins the running instances with ``jobs_digest``, once it plans: its row
+    says the digest (registered without one, a starting instance is nobody's member: one whose
+    start-up fails and retries must not be counted on), and the others are told (their next
+    heartbeat finds their ``reshare`` flag set, and they read the members again)."""
     async with db.transaction() as conn:
+        await conn.execute(
+            update(instances)
+            .where(instances.c.instance_id == instance_id)
+            .values(jobs_digest=jobs_digest)
+        )
         await conn.execute(
             update(instances)
             .where(
@@ -43,16 +51,25 @@ async def announce(db: Database, *, jobs_digest: str, instance_id: str) -> None:
 
 
 async def overdue(
-    db: Database, *, before: datetime, after: datetime, limit: int
+    db: Database,
+    *,
+    before: datetime,
+    after: datetime,
+    limit: int,
+    tasks: Collection[str] = (),
 ) -> list[tuple[str, str | None, datetime]]:
     """Jobs and schedules whose next slot is in ``(after, before]``: nobody decided it in time
     (its owner dead, paused or cut off; a paused job's slot too: it is recorded ``SKIPPED`` by
-    whoever claims it). ``(name, task, next_slot_at)``, newest first. One range read on the
-    ``next_slot_at`` index."""
+    whoever claims it). Code jobs, and the schedules of ``tasks`` only (those of a task no
+    live instance registers wait, and must not hide the others). ``(name, task,
+    next_slot_at)``, newest first (the slots that can still run within their grace). One range
+    read on the ``next_slot_at`` index."""
+    of_tasks = jobs.c.task.in_(list(tasks)) if tasks else None
+    runnable = jobs.c.task.is_(None) if of_tasks is None else or_(jobs.c.task.is_(None), of_tasks)
     async with db.read() as conn:
         rows = await conn.execute(
             select(jobs.c.name, jobs.c.task, jobs.c.next_slot_at)
-            .where(jobs.c.next_slot_at <= before, jobs.c.next_slot_at > after)
+            .where(jobs.c.next_slot_at <= before, jobs.c.next_slot_at > after, runnable)
             .order_by(jobs.c.next_slot_at.desc(), jobs.c.name)
             .limit(limit)
         )
