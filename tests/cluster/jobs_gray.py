@@ -124,7 +124,9 @@ elif SCENARIO == "step":
         async def job(ctx: JobContext) -> None:
             await _body(ctx, 2.5)
 
-    for _i in range(2):
+    # Twelve: each job is planned by one instance (rendezvous hashing), and the leader-step
+    # test needs runs on the instance that joins second (it owns three of these).
+    for _i in range(12):
         _steady(_i)
 
 elif SCENARIO == "late":

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slotcron.engine.shares import owner
 from slotcron.store.database import Database
 from slotcron.store.tables import executions
 from sqlalchemy import select
@@ -637,6 +638,8 @@ async def test_d_leader_stepping_ahead_abandons_no_healthy_run(
         raise AssertionError("timed out after 30 s waiting for 'lead' to lead")
 
     await lead_leads()
+    # Each steady job is planned by one of the two (rendezvous hashing): some by other.
+    assert [owner(f"steady-{i}", ["lead", "other"]) for i in range(12)].count("other") == 3
     other = spawn("other", JOBS, **env("step"))
     real = mono_to_real()
 
