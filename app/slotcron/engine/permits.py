@@ -73,6 +73,9 @@ class RunPermits:
         return 1 + more
 
     def give_back(self, permits: int = 1) -> None:
+        if not self._waiters:  # nearly always: nobody to wake
+            self._free += permits
+            return
         for _ in range(permits):
             while self._waiters:
                 *_, waiter = heapq.heappop(self._waiters)

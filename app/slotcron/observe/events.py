@@ -22,6 +22,7 @@ is built once and handed to each of them.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -96,7 +97,8 @@ class Observer:
         """A claimed run is in flight in this task (its body may start later, or never)."""
 
     def run_started(self, run: RunEvent) -> None:
-        """The run's body starts now."""
+        """The run's body started (announced once the runs ready to start with it have
+        started, outside its task: ``run.started_at`` says when)."""
 
     def finishing(self) -> None:
         """The body ended; the write of its outcome starts."""
@@ -156,6 +158,8 @@ class Events:
             for name in ("run_started", "run_finished", "slots_passed")
         }
         self.wrappers = tuple(h.wrap_run for h in self.hooks if overrides(h, "wrap_run"))
+        self._starts: list[tuple[Claim, datetime]] = []
+        """Runs started since the last announcement of starts (:meth:`run_started`)."""
         """The user hooks' ``wrap_run``: empty (the common case) costs the runner nothing."""
 
     async def around(self, ctx: JobContext, body: Callable[[], Awaitable[None]]) -> None:
@@ -213,10 +217,20 @@ class Events:
 
     def run_started(self, claim: Claim, started_at: datetime) -> float:
         """The body of ``claim``'s run starts now; returns the moment to measure its duration
-        from (:meth:`since`)."""
+        from (:meth:`since`). Announced once the runs ready to start with it have started (one
+        callback for all of them): at a burst's slot, every microsecond spent here is the start
+        lag of every body after it."""
         began = time.monotonic()
+        if self._started or self._to_hooks["run_started"]:
+            self._starts.append((claim, started_at))
+            if len(self._starts) == 1:
+                asyncio.get_running_loop().call_soon(self._announce_starts)
+        return began
+
+    def _announce_starts(self) -> None:
+        starts, self._starts = self._starts, []
         hooks = self._to_hooks["run_started"]
-        if self._started or hooks:
+        for claim, started_at in starts:
             run = RunEvent(
                 claim.job_name,
                 claim.scheduled_at,
@@ -236,7 +250,6 @@ class Events:
                 call(run)
             for queue, method in hooks:
                 queue.put(method, run)
-        return began
 
     @staticmethod
     def since(began: float) -> float:

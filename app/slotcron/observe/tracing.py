@@ -268,10 +268,6 @@ class Tracing(Observer):
         if _tracer is not None:
             run_began(job, claim, instance_id)
 
-    def run_started(self, run: RunEvent) -> None:
-        if _tracer is not None:
-            _lag(run.lag_seconds)
-
     def finishing(self) -> None:
         if _tracer is not None:
             finishing()
@@ -282,6 +278,9 @@ class Tracing(Observer):
     def run_finished(self, run: RunEvent, end: Ending) -> None:
         if end.abandoned is not None:
             return  # another instance's run: no span of this instance's
+        # The body's start lag, set at its end: the start's announcement leaves the run's task
+        # (Events.run_started), the end's is made in it.
+        _lag(run.lag_seconds)
         if end.why is not None:
             run_ended("FENCED")
         else:
