@@ -69,7 +69,7 @@ class RuntimePlanner(Planner):
     def _owns(self, name: str) -> bool:
         return self.shares.owns_now(name)  # not remembered: millions of names over a life
 
-    def _plans(self, name: str) -> bool:
+    def plans(self, name: str) -> bool:
         return name in self.current
 
     def _mine(self, job: Job, adopted: bool) -> bool:

@@ -130,7 +130,7 @@ class Planner:
     def _owns(self, name: str) -> bool:
         return self.shares.owns(name)
 
-    def _plans(self, name: str) -> bool:
+    def plans(self, name: str) -> bool:
         """Whether ``name`` is planned here already (has its entry, or is being decided)."""
         return name in self._held
 
@@ -163,7 +163,7 @@ class Planner:
     def _resume(self, job: Job, slot: datetime, adopted: bool) -> None:
         """A job's late slots are decided: it plans on from ``slot``; one whose late slot was
         taken over only if it is this instance's now and not planned here already."""
-        if not adopted or (self._owns(job.name) and not self._plans(job.name)):
+        if not adopted or (self._owns(job.name) and not self.plans(job.name)):
             self._push_and_wake(job, slot)
 
     def _push_and_wake(self, job: Job, slot: datetime) -> None:

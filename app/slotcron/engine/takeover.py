@@ -97,8 +97,10 @@ class Takeover(Role):
                 continue
             if task is None:
                 job = self.planner.by_name.get(name)
-                if job is None or self.shares.owns(name):
-                    continue  # not run here; or ours, and the planner decides its lateness
+                if job is None or (self.shares.owns(name) and self.planner.plans(name)):
+                    # Not run here; or ours and planned, and the planner decides its lateness
+                    # (one ours but not planned yet, its reshare failing, is taken over).
+                    continue
                 code.append((job, slot))
             elif self.runtime.may_take(name, task):
                 schedules.append(name)
