@@ -10,8 +10,10 @@ from datetime import UTC, datetime
 import pytest
 from slotcron import JobContext, cron
 from slotcron.engine.shares import owner
-from slotcron.jobs.registry import Registry
+from slotcron.jobs.registry import Registry, task
 from slotcron.service.service import Service
+from slotcron.store import schedules
+from slotcron.store.database import Database
 
 from tests.conftest import ServiceFactory, wait_for
 
@@ -113,3 +115,46 @@ async def test_an_owner_that_stops_has_its_slots_taken_over_within_its_grace(
     assert_each_ran_once(ran, after, "was not taken over")
     assert b.takeover.taken > 0
     assert {instance for _, slot, instance in ran if slot in after} == {"share-b"}
+
+
+def every_second_task(ran: Ran) -> Registry:
+    registry = Registry()
+
+    @task(name="share.report", registry=registry)
+    async def report(ctx: JobContext) -> None:
+        ran.append((ctx.job, ctx.scheduled_at, ctx.instance_id))
+
+    return registry
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"], indirect=True)
+async def test_a_runtime_schedules_owner_that_stops_has_its_slots_taken_over(
+    start_service: ServiceFactory, db: Database
+) -> None:
+    ran: Ran = []
+    registry = every_second_task(ran)
+    items = [{"task": "share.report", "id": f"tenant-{i}", "every": 1} for i in range(JOBS)]
+    await schedules.create(
+        db, items, default_timezone="UTC", by="test", registry=registry, now=datetime.now(UTC)
+    )
+    a = await start_service(tasks=registry.tasks(), instance_id="share-a")
+    b = await start_service(tasks=registry.tasks(), instance_id="share-b")
+    await wait_for(lambda: a.takeover.shares.members == ("share-a", "share-b"), what="a sees b")
+    members = ["share-a", "share-b"]
+    mine = {f"tenant-{i}" for i in range(JOBS) if owner(f"tenant-{i}", members) == "share-a"}
+    assert mine, "a owns some schedules"
+    # a stops firing its schedules without a word to b: its row still says it is alive.
+    await wait_for(lambda: {job for job, _, who in ran if who == "share-a"} >= mine, what="a's")
+    await a.schedule_planner.stop()
+    stopped = max(slots_seen(ran))
+    await wait_for(
+        lambda: len([s for s in slots_seen(ran) if s > stopped]) >= 3, timeout=20, what="3 slots"
+    )
+    after = [s for s in slots_seen(ran) if s > stopped][:-1]
+    counts = Counter((job, slot) for job, slot, _ in ran)
+    assert not [k for k, n in counts.items() if n > 1], "a slot ran twice"
+    for slot in after:
+        for name in mine:
+            assert (name, slot) in counts, f"{name} at {slot} was not taken over"
+    assert {who for _, slot, who in ran if slot in after} == {"share-b"}
+    assert b.takeover.taken > 0
