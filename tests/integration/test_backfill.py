@@ -11,7 +11,9 @@ import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from slotcron import Client, JobContext
+from slotcron.engine import backfilling
 from slotcron.jobs.registry import Job, Registry, every, task
 from slotcron.store import backfills
 from slotcron.store.database import Database
@@ -121,3 +123,26 @@ async def test_a_runtime_schedules_backfill_runs_its_history_with_its_params(
         (start + i * timedelta(minutes=1), "backfill", {"tenant": 7}) for i in range(5)
     ]
     assert len({slot for slot, _, _ in ran}) == len(ran), "a slot ran twice"
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+async def test_a_backfill_created_elsewhere_wakes_an_idle_listening_instance_at_once(
+    db: Database, services: Services
+) -> None:
+    """An idle instance that hears notifications looks for backfills once a minute (a look
+    every 2 s was 90 statements a minute): one created by another process wakes it."""
+    record = Record()
+    service = await services.start([job(record, "bf.woken", "allow", seconds=3600)])
+    await wait_for(lambda: service.queued.listening, what="the instance to listen")
+    await wait_for(lambda: service.backfilling.looks >= 1, what="a first look, finding none")
+    looks = service.backfilling.looks
+    now = datetime.now(UTC).replace(microsecond=0)
+    hour = datetime.fromtimestamp(now.timestamp() // 3600 * 3600, UTC)
+    made = await backfills.create(
+        db, job="bf.woken", start=hour - 3 * 3600 * SECOND, end=hour, rate=0, now=now
+    )
+    assert made.total == 3
+    began = time.monotonic()
+    await wait_for(lambda: len(record.slots("backfill")) == 3, timeout=20, what="the backfill")
+    assert time.monotonic() - began < backfilling.LISTENING_IDLE_SECONDS / 4
+    assert service.backfilling.looks > looks

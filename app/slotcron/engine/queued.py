@@ -26,7 +26,7 @@ from slotcron.status import Status
 from slotcron.store import queue
 from slotcron.store.claims import Claim
 from slotcron.store.dialects import Listening
-from slotcron.store.lifeline import QUEUED_CHANNEL
+from slotcron.store.lifeline import BACKFILL_CREATED, QUEUED_CHANNEL
 
 log = logging.getLogger("slotcron.queued")
 
@@ -78,6 +78,13 @@ class QueuedRuns(Role):
         self._held: set[str] = set()
         """Forbid jobs whose queued run found the lease held at the last look: when a run of
         one ends here, the queue is looked at again at once (the gap before its next run)."""
+        self.on_backfill: Callable[[], None] = lambda: None
+        """Told of a backfill created anywhere (its notification shares the queue's channel)."""
+
+    @property
+    def listening(self) -> bool:
+        """Whether notifications are heard (PostgreSQL, with a live listening connection)."""
+        return self._listening is not None and self._listening.alive
 
     async def request_stop(self) -> None:
         """Stop taking runs, once the poll under way (if any) has started what it took."""
@@ -115,6 +122,9 @@ class QueuedRuns(Role):
         task.add_done_callback(self._timers.discard)
 
     def _notified(self, payload: str) -> None:
+        if payload == BACKFILL_CREATED:
+            self.on_backfill()
+            return
         try:
             when = datetime.fromisoformat(payload)
         except ValueError:

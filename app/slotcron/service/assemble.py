@@ -218,7 +218,7 @@ def _backfilling(
     runtime: Runtime,
 ) -> Backfilling:
     """The carrier of backfills: it queues their slots for the queue of manual runs."""
-    return Backfilling(
+    backfilling = Backfilling(
         shared,
         jobs={job.name: job for job in jobs},
         schedules=schedules,
@@ -227,7 +227,10 @@ def _backfilling(
         retention_days=settings.history_retention_days,
         on_queued=queued.wake_at,
         resolve=runtime.resolve,
+        listening=lambda: queued.listening,
     )
+    queued.on_backfill = backfilling.wake
+    return backfilling
 
 
 def _planners(

@@ -23,6 +23,7 @@ from slotcron.jobs.stored import StoredJob
 from slotcron.status import Status
 from slotcron.store.backfill_slots import IN_FLIGHT, history
 from slotcron.store.database import Database
+from slotcron.store.lifeline import BACKFILL_CREATED, QUEUED_CHANNEL
 from slotcron.store.tables import backfills, executions, jobs
 from slotcron.text import iso
 
@@ -156,6 +157,8 @@ async def create(
     }  # fmt: skip
     async with db.transaction() as conn:
         result: Any = await conn.execute(insert(backfills).values(**values))
+        if slots:  # instances that listen start it at once, whatever their idle poll
+            await db.dialect.notify(conn, QUEUED_CHANNEL, BACKFILL_CREATED)
     return Backfill(
         int(result.inserted_primary_key[0]), job, start, end, rate, str(values["status"]),
         slots[0] if slots else None, len(slots), 0, 0, 0, None, now, now,

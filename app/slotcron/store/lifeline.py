@@ -19,6 +19,8 @@ from slotcron.store.tables import executions, guard, jobs
 log = logging.getLogger("slotcron.service")
 
 QUEUED_CHANNEL = "slotcron_queued"
+BACKFILL_CREATED = "backfill"
+"""The payload on :data:`QUEUED_CHANNEL` that says a backfill was created."""
 
 
 async def announce_queued(conn: Any, dialect: Dialect, available_at: datetime) -> None:
