@@ -46,10 +46,10 @@ log = logging.getLogger("slotcron.backfill")
 IDLE_SECONDS = 2.0
 """How often an instance looks for backfills while none is under way (a backfill this instance
 was asked for over HTTP starts at once: :meth:`Backfilling.wake`)."""
-LISTENING_IDLE_SECONDS = 60.0
-"""The same while notifications are heard (PostgreSQL): a backfill created anywhere wakes every
-listening instance (its creation notifies), so the look is a safety net only; at 2 s it was 90
-statements a minute of an idle instance."""
+LISTENING_IDLE_SECONDS = 300.0
+"""The same while notifications are heard (PostgreSQL), as the queue of manual runs: a backfill
+created anywhere wakes every listening instance (its creation notifies), so the look is a safety
+net only; at 2 s it was 90 statements a minute of an idle instance."""
 BUSY_SECONDS = 0.1
 """How often it steps the backfills under way."""
 WAIT_IN_FLIGHT = 0.5
