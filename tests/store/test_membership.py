@@ -82,9 +82,8 @@ async def test_a_member_that_joins_flags_the_others_and_their_heartbeat_finds_it
     assert found == ["a", "a"]
     assert await flags(db) == {"a": False, "b": False, "c": False, "joiner": False}
     async with db.read() as conn:
-        beats = dict(
-            (await conn.execute(select(instances.c.instance_id, instances.c.heartbeat_at))).all()
-        )
+        rows = await conn.execute(select(instances.c.instance_id, instances.c.heartbeat_at))
+        beats = {r.instance_id: r.heartbeat_at for r in rows}
     assert beats["a"] == beats["c"] == NOW + SECOND  # each flagged or not, renewed
     # Another incarnation's row, flagged or not: lost, and nothing is cleared or called.
     await membership.join(db, jobs_digest="d1", instance_id="joiner")
