@@ -119,7 +119,7 @@ class RuntimePlanner(Planner):
         period = self._schedules[job.name].next_after(slot) - slot
         each = max(PREPARE_COST, self.burst.claim_cost)
         wanted = timedelta(seconds=LEAD_BASE + self._at_slot[slot] * each)
-        return min(wanted, self.horizon / 3, period / 2)
+        return min(max(lead, wanted), self.horizon / 3, period / 2)
 
     def forget_popped(self, before: datetime) -> None:
         for name in [n for n, slot in self.popped.items() if slot < before]:
