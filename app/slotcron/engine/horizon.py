@@ -17,6 +17,7 @@ from slotcron.engine.planner import Planner
 from slotcron.engine.scheduled import JobSchedules, ScheduledJob
 from slotcron.engine.shares import Shares
 from slotcron.jobs.registry import Job
+from slotcron.schedule.slots import NEVER
 
 HORIZON = timedelta(seconds=60)
 """How far ahead an instance holds schedules in memory. Below the writers' announcement window
@@ -63,6 +64,8 @@ class RuntimePlanner(Planner):
     def take(self, job: ScheduledJob, slot: datetime) -> None:
         """Fire ``slot`` of another member's schedule once (taken over: its owner did not
         claim it in time); the schedule is forgotten here once that slot is fired."""
+        if slot >= NEVER:
+            return  # its window has ended: no slot to fire
         self.taken[job.name] = job
         self.adopt([(job, slot)])
 

@@ -354,6 +354,8 @@ async def _beat(
 ) -> None:
     """Renew the instance row (see :func:`renew`); raise :class:`IncarnationLost` when it
     names another incarnation."""
+    # Row counts are rows matched, not changed, on every backend (SQLAlchemy's MySQL drivers ask
+    # for FOUND_ROWS): 0 means the row is not this incarnation's, or its flag is set.
     beat = _heartbeat(instance_id, incarnation, now=now, state=state)
     if on_reshare is not None:
         if (await conn.execute(beat.where(instances.c.reshare == false()))).rowcount:
