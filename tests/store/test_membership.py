@@ -53,7 +53,7 @@ async def test_a_member_that_joins_flags_the_others_and_their_heartbeat_finds_it
     await registrations.set_instance_state(db, instance_id="b", state="draining", now=NOW)
     # Registered without a digest, a starting instance is nobody's member until it joins.
     assert await membership.members(db, jobs_digest="d1", alive_after=NOW - SECOND) == ["a"]
-    await membership.join(db, jobs_digest="d1", instance_id="joiner")
+    await membership.join(db, jobs_digest="d1", instance_id="joiner", now=NOW + SECOND / 2)
     assert sorted(await membership.members(db, jobs_digest="d1", alive_after=NOW - SECOND)) == [
         "a",
         "joiner",
@@ -77,7 +77,7 @@ async def test_a_member_that_joins_flags_the_others_and_their_heartbeat_finds_it
     await beat("a", busy=False)  # found once: the renewal cleared it
     await beat("c", busy=True)
     assert found == ["a"]
-    await membership.join(db, jobs_digest="d1", instance_id="joiner")
+    await membership.join(db, jobs_digest="d1", instance_id="joiner", now=NOW + SECOND / 2)
     await beat("a", busy=True)  # a renewal with runs finds it too
     assert found == ["a", "a"]
     assert await flags(db) == {"a": False, "b": False, "c": False, "joiner": False}
@@ -85,8 +85,9 @@ async def test_a_member_that_joins_flags_the_others_and_their_heartbeat_finds_it
         rows = await conn.execute(select(instances.c.instance_id, instances.c.heartbeat_at))
         beats = {r.instance_id: r.heartbeat_at for r in rows}
     assert beats["a"] == beats["c"] == NOW + SECOND  # each flagged or not, renewed
+    assert beats["joiner"] == NOW + SECOND / 2  # alive as it joined
     # Another incarnation's row, flagged or not: lost, and nothing is cleared or called.
-    await membership.join(db, jobs_digest="d1", instance_id="joiner")
+    await membership.join(db, jobs_digest="d1", instance_id="joiner", now=NOW + SECOND / 2)
     with pytest.raises(IncarnationLost):
         await beat("a", busy=False, incarnation="not-a's")
     assert found == ["a", "a"]

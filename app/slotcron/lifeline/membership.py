@@ -88,7 +88,10 @@ class Membership(Role):
         try:
             if not self._joined:
                 await membership.join(
-                    self.db, jobs_digest=self.jobs_digest, instance_id=self.instance_id
+                    self.db,
+                    jobs_digest=self.jobs_digest,
+                    instance_id=self.instance_id,
+                    now=self.clock.now(),
                 )
             self._joined = True
             found = await membership.members(

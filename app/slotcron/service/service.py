@@ -260,9 +260,8 @@ class Service:
         """Start firing: the planners and the background roles."""
         self.state = InstanceState.RUNNING
         await self.alerts.start()
-        # Our row says we are alive now (registering thousands of jobs can take longer than the
-        # others' silence limit), then plan only this instance's share from the start.
-        await self.heartbeat.beat()
+        # Join the members (our row says we are alive now: registering thousands of jobs can
+        # take longer than the others' silence limit), then plan only this instance's share.
         await self.membership.refresh()
         self.planner.start(self.expected)
         self.schedule_planner.start()

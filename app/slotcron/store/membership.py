@@ -27,16 +27,18 @@ async def members(db: Database, *, jobs_digest: str, alive_after: datetime) -> l
         return [r.instance_id for r in rows]
 
 
-async def join(db: Database, *, jobs_digest: str, instance_id: str) -> None:
+async def join(db: Database, *, jobs_digest: str, instance_id: str, now: datetime) -> None:
     """``instance_id`` joins the running instances with ``jobs_digest``, once it plans: its row
     says the digest (registered without one, a starting instance is nobody's member: one whose
-    start-up fails and retries must not be counted on), and the others are told (their next
-    heartbeat finds their ``reshare`` flag set, and they read the members again)."""
+    start-up fails and retries must not be counted on) and that it is alive at ``now``
+    (registering thousands of jobs can take longer than the others' silence limit), and the
+    others are told (their next heartbeat finds their ``reshare`` flag set, and they read the
+    members again)."""
     async with db.transaction() as conn:
         await conn.execute(
             update(instances)
             .where(instances.c.instance_id == instance_id)
-            .values(jobs_digest=jobs_digest)
+            .values(jobs_digest=jobs_digest, heartbeat_at=now)
         )
         await conn.execute(
             update(instances)
