@@ -67,3 +67,18 @@ def test_the_digest_says_what_an_instance_plans() -> None:
     assert jobs_digest([job], [task], "Europe/Paris") != same
     assert jobs_digest([replace(job, expression="*/5 * * * *")], [task], "UTC") != same
     assert jobs_digest([job], [], "UTC") != same
+
+
+def test_exactly_one_other_member_is_next_in_each_jobs_line() -> None:
+    members = ["a", "b", "c", "d"]
+    views = {m: Shares(m) for m in members}
+    for view in views.values():
+        view.update(members)
+    for i in range(200):
+        name = f"job-{i}"
+        first = owner(name, members)
+        second = owner(name, [m for m in members if m != first])
+        # The owner, and the one that owns the job once its owner has left.
+        assert {m for m, view in views.items() if view.next_in_line(name)} == {first, second}
+    alone = Shares("a")
+    assert alone.next_in_line("job-1")

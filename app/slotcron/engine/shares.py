@@ -99,6 +99,17 @@ class Shares:
             owned = self._owned[name] = owner(name, self.members) == self.me
         return owned
 
+    def next_in_line(self, name: str) -> bool:
+        """Whether this instance would own ``name`` if its owner left: the one member that
+        takes over its overdue slots first (:mod:`slotcron.engine.takeover`), so that the
+        others do not all claim the same rows at once."""
+        if len(self.members) < 2:
+            return True
+        first = owner(name, self.members)
+        if first == self.me:
+            return True
+        return owner(name, [m for m in self.members if m != first]) == self.me
+
     def owns_now(self, name: str) -> bool:
         """As :meth:`owns`, not remembered: for runtime schedules, of which an instance may see
         millions over its life."""

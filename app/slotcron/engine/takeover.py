@@ -5,7 +5,9 @@ all, so a member that dies, hangs or loses the database leaves its jobs' slots u
 an instance shares its jobs with others, it looks for such slots: one range read on the
 ``next_slot_at`` index for the slots at least :data:`DELAY` past their time that no claim has
 closed, then, when there are none, when the next slot of the cluster is due (one ``min``), and
-sleeps until that slot is :data:`DELAY` past. A slot found is fired here once, as its owner
+sleeps until that slot is :data:`DELAY` past. A slot found is taken first by the member next in
+its job's line (rendezvous order without its owner), by any member once :data:`ANYONE_AFTER`
+past. A slot taken is fired here once, as its owner
 would have (a code job's through the planner, a runtime schedule's through its loader), and
 its claim decides as any claim does: if the owner claims it meanwhile, one claim wins. The
 job's next slots stay with its owner; once the members are read again without the dead one,
@@ -32,7 +34,13 @@ from slotcron.store import membership
 log = logging.getLogger("slotcron.takeover")
 
 DELAY = timedelta(seconds=0.3)
-"""How long past its time a slot nobody claimed waits for its owner before it is taken over."""
+"""How long past its time a slot nobody claimed waits for its owner before it is taken over, by
+the member next in the job's line (the one that would own it if its owner left)."""
+ANYONE_AFTER = 2 * DELAY
+"""How long past its time such a slot waits for that member before any member takes it over
+(that member may be gone too). Every member taking every overdue slot at once put a cluster
+under load into a spiral: the same rows claimed by all, their heartbeats late, members judged
+gone, more slots overdue."""
 LOOK_MIN_SECONDS = 0.2
 LOOK_MAX_SECONDS = 2.0
 ALONE_SECONDS = 1.0
@@ -95,6 +103,8 @@ class Takeover(Role):
             earlier = self._taken.get(name)
             if earlier is not None and earlier[0] == slot and now - earlier[1] < RETRY:
                 continue
+            if now - slot < ANYONE_AFTER and not self.shares.next_in_line(name):
+                continue  # the next member in the job's line takes it first
             if task is None:
                 job = self.planner.by_name.get(name)
                 if job is None or (self.shares.owns(name) and self.planner.plans(name)):
