@@ -804,7 +804,12 @@ async def test_f_queued_retry_starts_soon_after_the_lease_it_waits_for_ends(
 async def test_g_fencing_tokens_grow_with_every_run_across_the_cluster(
     spawn: Spawn, records_path: Path
 ) -> None:
-    instances = [spawn(name, JOBS, **env("token")) for name in ("t1", "t2")]
+    # One instance plans the job (rendezvous hashing: t1 of the two): t2 starts alone and runs
+    # it, then t1 joins and takes it over; the tokens go on growing across the move.
+    assert owner("token", ["t1", "t2"]) == "t1"
+    t2 = spawn("t2", JOBS, **env("token"))
+    await until(lambda: len(runs(read_records(records_path))) >= 5, 40, "5 runs on t2 alone")
+    instances = [spawn("t1", JOBS, **env("token")), t2]
 
     def enough() -> bool:
         found = runs(read_records(records_path))
