@@ -29,6 +29,7 @@ def loader(claiming: int) -> tuple[Any, list[int]]:
         _listening=SimpleNamespace(alive=True),
         _refresh_due=False,
         _reread=set(),
+        _taking=set(),
         _deferred_since=None,
         refresh_every=30.0,
         _refreshed_at=time.monotonic() - 31.0,
