@@ -307,19 +307,20 @@ async def wait_for(
         await asyncio.sleep(interval)
 
 
-async def outcomes_written(db: Database) -> None:
-    """Wait until no execution is RUNNING: a job has returned, and its outcome is recorded.
-    A test moving the clock on before then races the write (a forbid job's next slot would
-    find the lease still held)."""
+async def outcomes_written(db: Database, job: str | None = None) -> None:
+    """Wait until no execution (of ``job``, when given) is RUNNING: a job has returned, and its
+    outcome is recorded. A test moving the clock on before then races the write (a forbid job's
+    next slot would find the lease still held)."""
+    running = [executions.c.status == "RUNNING"]
+    if job is not None:
+        running.append(executions.c.job_name == job)
 
     async def settled() -> bool:
         async with db.read() as conn:
-            running = await conn.scalar(
-                select(func.count()).select_from(executions).where(executions.c.status == "RUNNING")
-            )
-        return running == 0
+            count = await conn.scalar(select(func.count()).select_from(executions).where(*running))
+        return count == 0
 
-    await wait_for(settled, what="every outcome written")
+    await wait_for(settled, what=f"every outcome{'' if job is None else ' of ' + job} written")
 
 
 Spawn = Callable[..., Instance]

@@ -13,7 +13,7 @@ from slotcron.clock import ManualClock
 from slotcron.jobs.registry import Job, Registry, every
 from slotcron.store.database import Database
 from slotcron.store.tables import executions, jobs
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 
 from tests.conftest import ServiceFactory, outcomes_written, wait_for
 
@@ -240,19 +240,6 @@ async def test_a_burst_whose_undecided_slots_are_past_the_catchup_window_still_r
     assert sorted(ran) == sorted(f"old-gap-{i}" for i in range(30))
 
 
-async def fast_outcomes_written(db: Database) -> None:
-    async def settled() -> bool:
-        async with db.read() as conn:
-            running = await conn.scalar(
-                select(func.count())
-                .select_from(executions)
-                .where(executions.c.status == "RUNNING", executions.c.job_name == "fast")
-            )
-        return running == 0
-
-    await wait_for(settled, what="the fast job's outcomes written")
-
-
 async def test_a_job_faster_than_the_lead_is_claimed_at_its_slots_not_ahead(
     db: Database, start_service: ServiceFactory
 ) -> None:
@@ -285,7 +272,7 @@ async def test_a_job_faster_than_the_lead_is_claimed_at_its_slots_not_ahead(
             lambda: sum(name == "fast" for name, _ in ran) >= step,  # noqa: B023 (awaited now)
             what=f"fast slot {step}",
         )
-        await fast_outcomes_written(db)  # the burst's runs claimed ahead wait for 00:00:10
+        await outcomes_written(db, "fast")  # the burst's runs claimed ahead wait for 00:00:10
     await wait_for(lambda: sum(name != "fast" for name, _ in ran) == 40, what="the burst")
     await outcomes_written(db)
     async with db.read() as conn:

@@ -7,7 +7,6 @@ forgotten until the loader (:class:`slotcron.engine.runtime.Runtime`) finds it a
 
 from __future__ import annotations
 
-import heapq
 from datetime import datetime, timedelta
 
 from slotcron.clock import Clock
@@ -105,8 +104,7 @@ class RuntimePlanner(Planner):
         if slot >= self.clock.now() + self.horizon:
             del self.current[job.name]  # the loader finds it again when it comes near
             return
-        heapq.heappush(self._heap, (slot, next(self._seq), job))
-        self._at_slot[slot] = self._at_slot.get(slot, 0) + 1  # no `_held`: `current` says it
+        self._enter(job, slot)  # no `_held`: `current` says it
 
     def _lead(self) -> timedelta:
         """Slots due together are claimed ahead as a job's are, but past

@@ -110,12 +110,8 @@ class Planner:
         fired here once each, as any slot (late ones by their misfire policy); the jobs' next
         slots stay with their owners."""
         for job, slot in taken:
-            if slot >= NEVER:
-                continue
-            seq = next(self._seq)
-            self._adopted.add(seq)
-            heapq.heappush(self._heap, (slot, seq, job))
-            self._at_slot[slot] = self._at_slot.get(slot, 0) + 1
+            if slot < NEVER:
+                self._adopted.add(self._enter(job, slot))
         if taken:
             self._wake.set()
 
@@ -123,9 +119,15 @@ class Planner:
         if slot >= NEVER:  # its window has ended: it has no slot to plan (jobs/windows.py)
             self._held.discard(job.name)
             return
-        heapq.heappush(self._heap, (slot, next(self._seq), job))
-        self._at_slot[slot] = self._at_slot.get(slot, 0) + 1
+        self._enter(job, slot)
         self._held.add(job.name)
+
+    def _enter(self, job: Job, slot: datetime) -> int:
+        """Put ``job``'s ``slot`` in the heap; its entry's sequence number."""
+        seq = next(self._seq)
+        heapq.heappush(self._heap, (slot, seq, job))
+        self._at_slot[slot] = self._at_slot.get(slot, 0) + 1
+        return seq
 
     def _owns(self, name: str) -> bool:
         return self.shares.owns(name)

@@ -216,17 +216,7 @@ class Runner:
         ctx = self._context(job, claim, handle)
         timeout: asyncio.Timeout | None = None
         try:
-            if start is not None and not job.jitter:
-                # A burst's run kicked off at its slot, the common case, without a frame more
-                # (at the slot each microsecond here is the start lag of every body after it):
-                # what _may_start decides for it.
-                if not await start or self.kickoff.closing:
-                    return None, None  # handed back, skipped, or shutdown began
-                if admit is not None:
-                    admitted = admit()
-                    if not (admitted if isinstance(admitted, bool) else await admitted):
-                        return None, None
-            elif not await self._may_start(job, claim, start, admit):
+            if not await self._may_start(job, claim, start, admit):
                 return None, None
             handle.started = True
             handle.started_at = self.clock.now()
@@ -239,9 +229,7 @@ class Runner:
                     extra=self._fields(claim, Status.RUNNING),
                 )
             handle.began = self.events.run_started(claim, handle.started_at)
-            if job.timeout is None and not self.events.wrappers:  # no frame more at the start
-                await (job.func(ctx) if job.takes_context else job.func())
-            elif job.timeout is None:
+            if job.timeout is None:
                 await self._body(job, ctx)
             else:
                 timeout = asyncio.timeout(job.timeout)  # from now: jitter is not the job's time

@@ -132,7 +132,6 @@ class Takeover(Role):
                 )
             self.planner.adopt(code)
             self.runtime.take_over(schedules)
-        if code or schedules:
             return LOOK_MIN_SECONDS
         if rows:  # overdue, but this instance's own, or taken over lately: look again soon
             return SKIPPED_SECONDS

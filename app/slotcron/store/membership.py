@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import false, func, or_, select, update
 
 from slotcron.store.database import Database
 from slotcron.store.tables import instances, jobs
@@ -46,7 +46,7 @@ async def join(db: Database, *, jobs_digest: str, instance_id: str, now: datetim
                 instances.c.jobs_digest == jobs_digest,
                 instances.c.state == "running",
                 instances.c.instance_id != instance_id,
-                instances.c.reshare == False,  # noqa: E712 (SQL)
+                instances.c.reshare == false(),
             )
             .values(reshare=True)
         )
