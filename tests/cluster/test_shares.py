@@ -54,6 +54,14 @@ async def test_members_join_leave_die_and_pause_under_load(
     async def hold(seconds: float) -> None:
         await asyncio.sleep(seconds)  # the load runs on meanwhile: what the test watches
 
+    async def mid_second() -> None:
+        """Half-way between two slots. A kill or a pause within the few milliseconds after a
+        slot, between a burst's start marker and its bodies, leaves runs recorded started
+        whose bodies never ran (ABANDONED by design: tests/cluster/test_claim_ahead.py aims
+        there); this test is about members coming and going, not that window."""
+        await hold((0.5 - time.time()) % 1.0)
+
+    await mid_second()
     c.signal(signal.SIGSTOP)  # longer than a lease (4 s)
     events.append(("pause", time.time()))
     try:
@@ -62,6 +70,7 @@ async def test_members_join_leave_die_and_pause_under_load(
         c.signal(signal.SIGCONT)
     events.append(("resume", time.time()))
     await hold(3)
+    await mid_second()
     b.kill()
     events.append(("kill -9", time.time()))
     await hold(5)
