@@ -60,7 +60,7 @@ def announced(events: Events) -> Callable[[Claim], None]:
         events.claim_began()
         events.claimed(claim)
         events.run_began(JOB, claim)
-        began = events.run_started(claim, SLOT)
+        began = events.run_started(claim)
         events.finishing()
         events.run_finished(
             claim,

@@ -34,6 +34,11 @@ class Clock(Protocol):
         """Seconds on a clock that never steps (the deadlines that fence runs)."""
         ...
 
+    def said_at(self, moment: float) -> datetime:
+        """What this clock said at ``moment``, a reading of :func:`time.monotonic` (taken where
+        a datetime would cost too much: a burst's starts)."""
+        ...
+
 
 FINAL_APPROACH = 0.001
 """Seconds before a precise wake-up (``sleep_until(precise=True)``) from which the clock yields
@@ -51,6 +56,9 @@ class SystemClock:
 
     def monotonic(self) -> float:
         return time.monotonic()
+
+    def said_at(self, moment: float) -> datetime:
+        return self.now() - timedelta(seconds=time.monotonic() - moment)
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(seconds, 0))
@@ -115,6 +123,9 @@ class DatabaseClock(SystemClock):
     def now(self) -> datetime:
         return self._local() + self.offset
 
+    def said_at(self, moment: float) -> datetime:
+        return self._local(moment) + self.offset
+
     def wall_stepped(self) -> bool:
         """True (once per step) when the wall clock jumped against the monotonic one since the
         last look: a reference that is itself a wall clock (SQLite's storage) may have stepped
@@ -169,6 +180,9 @@ class ManualClock:
 
     def monotonic(self) -> float:
         return self._now.timestamp()
+
+    def said_at(self, moment: float) -> datetime:
+        return self._now  # it moves only when told to: what it says now, it said then
 
     async def sleep(self, seconds: float) -> None:
         await self.sleep_until(self._now + timedelta(seconds=seconds))

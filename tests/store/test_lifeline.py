@@ -212,6 +212,9 @@ class StepClock:
     def monotonic(self) -> float:
         return self.at.timestamp()
 
+    def said_at(self, moment: float) -> datetime:
+        return self.at
+
     async def sleep(self, seconds: float) -> None:
         self.slept += 1
         if self.on_sleep is not None:

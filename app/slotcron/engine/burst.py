@@ -59,11 +59,11 @@ loop on a loaded 2-core machine wakes a few milliseconds late; 10 ms left the cl
 shared burst (each instance claiming its share, some 200 slots) committing within the last
 10 ms before their slot."""
 LEAD_MAX = 1.0
-"""Seconds ahead that a burst claimed in less is claimed at most; a larger one, as far ahead as
-claiming it is measured to take (:data:`LEAD_SAFETY` times), within half its period."""
+"""Seconds of lead past which a runtime schedules' burst is sized by their own preparing cost
+too (:mod:`slotcron.engine.horizon`)."""
 LEAD_SAFETY = 1.5
-"""How much more than the measured cost of claiming a burst larger than :data:`LEAD_MAX` its
-lead is: claiming ahead has no side effect, claiming late is every late slot's start lag."""
+"""How much more than the measured cost of claiming and preparing a burst its lead is:
+claiming ahead has no side effect, claiming late is every late slot's start lag."""
 CLAIM_COST_FIRST = 150e-6
 """Seconds per slot claimed together, until measured on this instance (a 2-core machine,
 PostgreSQL on loopback, 2026-11-28: 10,000 slots due together claimed in 1.48 s)."""
@@ -99,17 +99,17 @@ class Burst:
     def lead(self, together: int, period: timedelta) -> timedelta:
         """How far ahead of their slot to claim ``together`` slots due at once, of jobs whose
         period is ``period``: none for a lone job; else what claiming them all is measured to
-        take (with a margin past :data:`LEAD_MAX`), at most half a period (the previous slot's
+        take (:data:`LEAD_SAFETY` times), at most half a period (the previous slot's
         runs have had time to end: a forbid job's slot claimed while its lease is held is
         deferred, and claimed again at its time)."""
         if together < 2:
             return timedelta(0)
         half_period = period.total_seconds() / 2
-        wanted = LEAD_BASE + together * self._claim_cost
-        if wanted > LEAD_MAX:
-            # A burst of thousands: a lead capped at a second left its last chunks claimed
-            # after their slot (10,000 slots: 1% of them started 0.5 s late).
-            wanted = max(LEAD_MAX, LEAD_BASE + together * self._claim_cost * LEAD_SAFETY)
+        # With a margin on the measure, whatever the burst's size: the cost of claiming a burst
+        # varies by tens of percent from one to the next (10,000 slots under a lead capped at a
+        # second: 1% of them started 0.5 s late; 1,000 with a margin of 20 ms: prepared up to
+        # 17 ms past their slot).
+        wanted = LEAD_BASE + together * self._claim_cost * LEAD_SAFETY
         return timedelta(seconds=min(wanted, half_period))
 
     async def fire_together(self, due: list[tuple[Job, datetime]]) -> None:
@@ -146,6 +146,11 @@ class Burst:
             await asyncio.gather(
                 *(self._claim_together(chunk, tokens, shared=shared) for chunk in chunks)
             )
+            # Then one turn of the loop: each run started runs up to its kick-off (its handle,
+            # context and lease bookkeeping, tens of microseconds a run). That is part of what
+            # the lead must cover: 1,000 runs prepared past their slot delayed the kick-off's
+            # marker by 17 ms, and every body with it.
+            await asyncio.sleep(0)
             cost = (time.perf_counter() - began) / len(batch)
             # What the next burst's lead is sized by: recent bursts weigh most.
             self._claim_cost = min(max(0.7 * self._claim_cost + 0.3 * cost, 5e-6), 1e-3)

@@ -49,7 +49,7 @@ class Firing(LateSlots):
         self.claimer = claimer
         self.runner = runner
         self.permits = permits
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._claiming: set[asyncio.Task[None]] = set()
 
     def spawn(self, coro: Coroutine[Any, Any, None], job: Job | None) -> None:
@@ -178,15 +178,16 @@ class Firing(LateSlots):
         the ahead permit back then."""
         held = [not ahead]  # whether this run holds a run permit
         ahead_held = [ahead]  # whether it still holds its ahead permit
+        run_permits, ahead_permits = self.permits.run, self.permits.ahead
 
         def admit() -> bool | Awaitable[bool]:
             """At the slot: a run permit (in this run's task, with no wait when one is free:
             a future, task or coroutine more per run cost a burst of 1,000 runs milliseconds of
             start lag), and the ahead permit given back."""
-            if self.permits.run.try_take():
+            if run_permits.try_take():
                 held[0] = True
                 ahead_held[0] = False
-                self.permits.ahead.give_back()
+                ahead_permits.give_back()
                 return True
             return wait()
 
@@ -196,23 +197,35 @@ class Firing(LateSlots):
                 return taken
             finally:
                 ahead_held[0] = False
-                self.permits.ahead.give_back()
+                ahead_permits.give_back()
+
+        def release(_task: object = None) -> None:
+            if held[0]:
+                run_permits.give_back()
+            if ahead_held[0]:  # its kick-off said no, or it was cancelled before its slot
+                ahead_permits.give_back()
 
         async def run() -> None:
             try:
-                if ahead and start is None and not await _admitted(admit()):
+                if ahead and not await _admitted(admit()):
                     return
-                gate_admit = admit if ahead and start is not None else None
-                on_time = claim if start is not None else await self.on_time(job, claim, give_up_at)
+                on_time = await self.on_time(job, claim, give_up_at)
                 if on_time is not None:
-                    await self.runner.run(job, on_time, start, gate_admit)
+                    await self.runner.run(job, on_time)
             finally:
-                if held[0]:
-                    self.permits.give_back()
-                if ahead_held[0]:  # its kick-off said no, or it was cancelled before its slot
-                    self.permits.ahead.give_back()
+                release()
 
-        task = asyncio.create_task(run(), name=f"slotcron-{job.name}")
+        task: asyncio.Task[Any]
+        if start is None:
+            task = asyncio.create_task(run(), name=f"slotcron-{job.name}")
+        else:
+            # Kicked off at its slot: the runner's task from the start, its permits given back
+            # when it is done (a coroutine less to resume per run at a burst's slot).
+            task = asyncio.create_task(
+                self.runner.run(job, claim, start, admit if ahead else None),
+                name=f"slotcron-{job.name}",
+            )
+            task.add_done_callback(release)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -84,6 +84,7 @@ class Runner:
             task=asyncio.current_task(),
             deadline=trusted_until(claim.sent or self.clock.monotonic(), claim.lease_ms),
             lease_ms=claim.lease_ms,
+            clock_at=self.clock.said_at,
         )
         self.runs.add(handle)
         self.events.run_began(job, claim)
@@ -91,7 +92,21 @@ class Runner:
         # (a write retried through an outage must not see it ABANDONED), and shutdown waits
         # for the write before it closes the database.
         try:
-            status, error = await self._execute(job, claim, handle, start, admit)
+            ctx = self._context(job, claim, handle)
+            status: Status | None = None
+            error: str | None = None
+            # Its kick-off is awaited in this frame, the task's first: at a burst's slot, each
+            # frame resumed per run is start lag of every body after it.
+            kicked = start is None
+            if start is not None:
+                try:
+                    # Handed back, SKIPPED (paused) or no longer ours; or started as part of
+                    # its chunk just as shutdown began: handed back, its body never started.
+                    kicked = await start and not self.kickoff.closing
+                except asyncio.CancelledError:
+                    _uncancel()  # stopped or fenced before its start: judged below
+            if kicked:
+                status, error = await self._execute(job, claim, handle, ctx, start, admit)
             if handle.started:
                 await self._after_ready_starts(handle)
             task = asyncio.current_task()
@@ -186,22 +201,27 @@ class Runner:
             _save=lambda state: self._save_state(claim, state),
         )
 
-    async def _may_start(
-        self, job: Job, claim: Claim, start: asyncio.Future[bool] | None, admit: Admit | None
+    def _may_start(
+        self, job: Job, claim: Claim, kicked_off: bool, admit: Admit | None
+    ) -> bool | Awaitable[bool]:
+        """Whether the body may start: True at once when nothing is left to wait for (the
+        common case at a burst's slot: a run permit free, no jitter, its start stamped by its
+        kick-off), else an awaitable that says."""
+        admitted = True if admit is None else admit()
+        if admitted is True and not job.jitter and (kicked_off or claim.started):
+            return True
+        return self._may_start_later(job, claim, kicked_off, admitted)
+
+    async def _may_start_later(
+        self, job: Job, claim: Claim, kicked_off: bool, admitted: bool | Awaitable[bool]
     ) -> bool:
-        """Whether the body may start: its kick-off said so, its jitter passed, its start is
-        stamped (a run not yet stamped can be handed back; the stamp fails once it has been)."""
-        if start is not None and (not await start or self.kickoff.closing):
-            # Handed back, SKIPPED (paused) or no longer ours; or started as part of its
-            # chunk just as shutdown began: handed back, its body never started.
+        """:meth:`_may_start` when something is left: a run permit, its jitter, its start's
+        stamp (a run not yet stamped can be handed back; the stamp fails once it has been)."""
+        if not (admitted if isinstance(admitted, bool) else await admitted):
             return False
-        if admit is not None:
-            admitted = admit()
-            if not (admitted if isinstance(admitted, bool) else await admitted):
-                return False
         if job.jitter:
             await self.clock.sleep(random.uniform(0, job.jitter))
-        if job.jitter or (start is None and not claim.started):
+        if job.jitter or not (kicked_off or claim.started):
             return await self.kickoff.one(claim)
         return True
 
@@ -210,16 +230,17 @@ class Runner:
         job: Job,
         claim: Claim,
         handle: RunHandle,
+        ctx: JobContext,
         start: asyncio.Future[bool] | None,
         admit: Admit | None,
     ) -> tuple[Status | None, str | None]:
-        ctx = self._context(job, claim, handle)
         timeout: asyncio.Timeout | None = None
         try:
-            if not await self._may_start(job, claim, start, admit):
+            ready = self._may_start(job, claim, start is not None, admit)
+            if ready is not True and not (ready if isinstance(ready, bool) else await ready):
                 return None, None
             handle.started = True
-            handle.started_at = self.clock.now()
+            handle.began = self.events.run_started(claim)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
                     "starting %s slot %s (execution %s)",
@@ -228,7 +249,6 @@ class Runner:
                     claim.execution_id,
                     extra=self._fields(claim, Status.RUNNING),
                 )
-            handle.began = self.events.run_started(claim, handle.started_at)
             if job.timeout is None:
                 await self._body(job, ctx)
             else:
@@ -236,11 +256,8 @@ class Runner:
                 async with timeout:
                     await self._body(job, ctx)
         except asyncio.CancelledError:
-            reason = handle.cancel_reason
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            if reason == CancelReason.FENCED:
+            _uncancel()
+            if handle.cancel_reason == CancelReason.FENCED:
                 return None, None
             return Status.STOPPED, f"stopped by shutdown of instance {self.instance_id}"
         except TimeoutError:
@@ -251,14 +268,12 @@ class Runner:
             return Status.FAILED, traceback.format_exc()
         return Status.COMPLETED, None
 
-    async def _body(self, job: Job, ctx: JobContext) -> None:
-        """The job's coroutine, inside the user hooks' ``wrap_run`` when there are any."""
+    def _body(self, job: Job, ctx: JobContext) -> Awaitable[None]:
+        """The job's coroutine, inside the user hooks' ``wrap_run`` when there are any (one
+        call, no coroutine of its own: it is on every body's way to its start)."""
         if not self.events.wrappers:
-            await (job.func(ctx) if job.takes_context else job.func())
-        else:
-            await self.events.around(
-                ctx, lambda: job.func(ctx) if job.takes_context else job.func()
-            )
+            return job.func(ctx) if job.takes_context else job.func()
+        return self.events.around(ctx, lambda: job.func(ctx) if job.takes_context else job.func())
 
     async def _not_started(self, handle: RunHandle) -> None:
         """A run whose body never started records nothing itself. Stopped by shutdown or
@@ -304,3 +319,11 @@ class Runner:
         return run_fields(
             claim.job_name, claim.scheduled_at, claim.execution_id, self.instance_id, outcome
         )
+
+
+def _uncancel() -> None:
+    """Spend the cancellation the current task was stopped by: the runner judges it itself
+    (:attr:`RunHandle.cancel_reason`), and the task goes on to record or hand back its run."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()

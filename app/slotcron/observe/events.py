@@ -26,7 +26,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from slotcron.observe.delivery import DRAIN_SECONDS, HookQueue
@@ -158,7 +158,7 @@ class Events:
             for name in ("run_started", "run_finished", "slots_passed")
         }
         self.wrappers = tuple(h.wrap_run for h in self.hooks if overrides(h, "wrap_run"))
-        self._starts: list[tuple[Claim, datetime]] = []
+        self._starts: list[tuple[Claim, float]] = []
         """Runs started since the last announcement of starts (:meth:`run_started`)."""
         """The user hooks' ``wrap_run``: empty (the common case) costs the runner nothing."""
 
@@ -215,22 +215,29 @@ class Events:
         for call in self._run_began:
             call(job, claim, self.instance_id)
 
-    def run_started(self, claim: Claim, started_at: datetime) -> float:
-        """The body of ``claim``'s run starts now; returns the moment to measure its duration
-        from (:meth:`since`). Announced once the runs ready to start with it have started (one
-        callback for all of them): at a burst's slot, every microsecond spent here is the start
-        lag of every body after it."""
+    def run_started(self, claim: Claim) -> float:
+        """The body of ``claim``'s run starts now; returns the moment (:func:`time.monotonic`)
+        it started: what its duration is measured from (:meth:`since`) and its ``started_at``
+        worked out from (the clock's :meth:`~slotcron.clock.Clock.said_at`). Announced once the runs
+        ready to start with it have started (one callback for all of them): at a burst's slot,
+        every microsecond spent here is the start lag of every body after it."""
         began = time.monotonic()
         if self._started or self._to_hooks["run_started"]:
-            self._starts.append((claim, started_at))
+            self._starts.append((claim, began))
             if len(self._starts) == 1:
                 asyncio.get_running_loop().call_soon(self._announce_starts)
         return began
 
+    def _started_at(self, began: float) -> datetime:
+        if self.clock is not None:
+            return self.clock.said_at(began)
+        return datetime.now(UTC) - timedelta(seconds=time.monotonic() - began)
+
     def _announce_starts(self) -> None:
         starts, self._starts = self._starts, []
         hooks = self._to_hooks["run_started"]
-        for claim, started_at in starts:
+        for claim, began in starts:
+            started_at = self._started_at(began)
             run = RunEvent(
                 claim.job_name,
                 claim.scheduled_at,
