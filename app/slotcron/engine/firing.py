@@ -176,44 +176,17 @@ class Firing(LateSlots):
         ``ahead``: the permit taken is an ahead permit (:class:`slotcron.engine.permits.Permits`):
         the run takes a run permit once its slot has come (the most urgent first), and gives
         the ahead permit back then."""
-        held = [not ahead]  # whether this run holds a run permit
-        ahead_held = [ahead]  # whether it still holds its ahead permit
-        run_permits, ahead_permits = self.permits.run, self.permits.ahead
-
-        def admit() -> bool | Awaitable[bool]:
-            """At the slot: a run permit (in this run's task, with no wait when one is free:
-            a future, task or coroutine more per run cost a burst of 1,000 runs milliseconds of
-            start lag), and the ahead permit given back."""
-            if run_permits.try_take():
-                held[0] = True
-                ahead_held[0] = False
-                ahead_permits.give_back()
-                return True
-            return wait()
-
-        async def wait() -> bool:
-            try:
-                taken = held[0] = await self._run_permit(job, claim, give_up_at)
-                return taken
-            finally:
-                ahead_held[0] = False
-                ahead_permits.give_back()
-
-        def release(_task: object = None) -> None:
-            if held[0]:
-                run_permits.give_back()
-            if ahead_held[0]:  # its kick-off said no, or it was cancelled before its slot
-                ahead_permits.give_back()
+        permit = _Permit(self, job, claim, give_up_at, ahead=ahead)
 
         async def run() -> None:
             try:
-                if ahead and not await _admitted(admit()):
+                if ahead and not await _admitted(permit.admit()):
                     return
                 on_time = await self.on_time(job, claim, give_up_at)
                 if on_time is not None:
                     await self.runner.run(job, on_time)
             finally:
-                release()
+                permit.release()
 
         task: asyncio.Task[Any]
         if start is None:
@@ -222,10 +195,10 @@ class Firing(LateSlots):
             # Kicked off at its slot: the runner's task from the start, its permits given back
             # when it is done (a coroutine less to resume per run at a burst's slot).
             task = asyncio.create_task(
-                self.runner.run(job, claim, start, admit if ahead else None),
+                self.runner.run(job, claim, start, permit.admit if ahead else None),
                 name=f"slotcron-{job.name}",
             )
-            task.add_done_callback(release)
+            task.add_done_callback(permit.release)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -303,6 +276,51 @@ class Firing(LateSlots):
             for task in pending:
                 if task in self._claiming:
                     task.cancel()
+
+
+class _Permit:
+    """The permit a run started by :meth:`Firing.start_run` holds: a run permit, or an ahead
+    permit until its slot and a run permit then."""
+
+    __slots__ = ("ahead_held", "claim", "firing", "give_up_at", "job", "run_held")
+
+    def __init__(
+        self, firing: Firing, job: Job, claim: Claim, give_up_at: datetime, *, ahead: bool
+    ) -> None:
+        self.firing = firing
+        self.job = job
+        self.claim = claim
+        self.give_up_at = give_up_at
+        self.run_held = not ahead
+        self.ahead_held = ahead
+
+    def admit(self) -> bool | Awaitable[bool]:
+        """At the slot: a run permit (in the run's task, with no wait when one is free: a
+        future, task or coroutine more per run cost a burst of 1,000 runs milliseconds of start
+        lag), and the ahead permit given back."""
+        permits = self.firing.permits
+        if permits.run.try_take():
+            self.run_held = True
+            self.ahead_held = False
+            permits.ahead.give_back()
+            return True
+        return self._wait()
+
+    async def _wait(self) -> bool:
+        try:
+            self.run_held = await self.firing._run_permit(self.job, self.claim, self.give_up_at)
+            return self.run_held
+        finally:
+            self.ahead_held = False
+            self.firing.permits.ahead.give_back()
+
+    def release(self, _task: object = None) -> None:
+        """The run is done (or never started): what it holds goes back."""
+        permits = self.firing.permits
+        if self.run_held:
+            permits.give_back()
+        if self.ahead_held:  # its kick-off said no, or it was cancelled before its slot
+            permits.ahead.give_back()
 
 
 async def _admitted(admitted: bool | Awaitable[bool]) -> bool:

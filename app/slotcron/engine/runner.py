@@ -12,7 +12,8 @@ import asyncio
 import logging
 import random
 import traceback
-from collections.abc import Awaitable, Callable
+import types
+from collections.abc import Awaitable, Callable, Generator
 from datetime import datetime, timedelta
 
 from slotcron.engine.kickoff import Kickoff
@@ -77,6 +78,36 @@ class Runner:
         so; it is in flight meanwhile (its lease renewed, shutdown hands it back or stops it).
         ``admit``, then, in this task, takes what else it needs to start (a run permit: see
         :meth:`slotcron.engine.firing.Firing.start_run`); False: it does not start."""
+        handle = self._in_flight(job, claim)
+        # The run stays in `runs` until its outcome is written: its lease is renewed meanwhile
+        # (a write retried through an outage must not see it ABANDONED), and shutdown waits
+        # for the write before it closes the database.
+        try:
+            ctx = self._context(job, claim, handle)
+            status, error = await self._execute(job, claim, handle, ctx, start, admit)
+            if handle.started:
+                try:
+                    # One turn of the loop before its bookkeeping (outcome, log, metrics,
+                    # alert): the bodies ready to start meanwhile (a burst's, kicked off
+                    # together) start first. Cancelled meanwhile for a reason (fenced,
+                    # stopped): judged below like a cancellation the job returned through.
+                    await _one_turn()
+                except asyncio.CancelledError:
+                    if handle.cancel_reason is None:
+                        raise
+            ended = await self._finish(handle, status, error)
+        finally:
+            self.runs.remove(handle)
+        if ended is None:  # never started, or fenced
+            return None
+        recorded, retry = ended
+        self.on_run_ended(job.name)
+        if recorded and retry:
+            self.on_retry_queued(self.clock.now() + timedelta(seconds=job.retry_backoff))
+        return status if recorded else None
+
+    def _in_flight(self, job: Job, claim: Claim) -> RunHandle:
+        """The run's handle, in flight from now on (its lease renewed)."""
         assert claim.lease_until is not None and claim.lease_ms is not None
         handle = RunHandle(
             claim=claim,
@@ -88,51 +119,34 @@ class Runner:
         )
         self.runs.add(handle)
         self.events.run_began(job, claim)
-        # The run stays in `runs` until its outcome is written: its lease is renewed meanwhile
-        # (a write retried through an outage must not see it ABANDONED), and shutdown waits
-        # for the write before it closes the database.
-        try:
-            ctx = self._context(job, claim, handle)
-            status: Status | None = None
-            error: str | None = None
-            # Its kick-off is awaited in this frame, the task's first: at a burst's slot, each
-            # frame resumed per run is start lag of every body after it.
-            kicked = start is None
-            if start is not None:
-                try:
-                    # Handed back, SKIPPED (paused) or no longer ours; or started as part of
-                    # its chunk just as shutdown began: handed back, its body never started.
-                    kicked = await start and not self.kickoff.closing
-                except asyncio.CancelledError:
-                    _uncancel()  # stopped or fenced before its start: judged below
-            if kicked:
-                status, error = await self._execute(job, claim, handle, ctx, start, admit)
-            if handle.started:
-                await self._after_ready_starts(handle)
-            task = asyncio.current_task()
-            if handle.cancel_reason is not None and task is not None and task.cancelling():
-                task.uncancel()  # the job returned although cancelled: the request is spent
-            if not handle.started:
-                self.events.run_not_started()
-                await self._not_started(handle)
-                return None
-            if handle.cancel_reason is CancelReason.FENCED:
-                # Fenced, whatever the job then did (it may return once ctx.lease_lost is set,
-                # or swallow the cancellation): the cluster may have judged the run already.
-                status, error = None, None
-            handle.finishing = True
-            duration = self.events.since(handle.began)
-            if status is None:
-                self._fenced(handle, duration)
-                return None
-            retry = status == Status.FAILED and claim.attempt < job.max_attempts
-            recorded = await self._record(handle, status, error, duration, retry)
-        finally:
-            self.runs.remove(handle)
-        self.on_run_ended(job.name)
-        if recorded and retry:
-            self.on_retry_queued(self.clock.now() + timedelta(seconds=job.retry_backoff))
-        return status if recorded else None
+        return handle
+
+    async def _finish(
+        self, handle: RunHandle, status: Status | None, error: str | None
+    ) -> tuple[bool, bool] | None:
+        """Record how the run ended: None when nothing is recorded here (its body never
+        started, or it was fenced), else whether the outcome was still ours to record and
+        whether a retry was queued with it."""
+        job, claim = handle.job, handle.claim
+        task = asyncio.current_task()
+        if handle.cancel_reason is not None and task is not None and task.cancelling():
+            task.uncancel()  # the job returned although cancelled: the request is spent
+        if not handle.started:
+            self.events.run_not_started()
+            await self._not_started(handle)
+            return None
+        if handle.cancel_reason is CancelReason.FENCED:
+            # Fenced, whatever the job then did (it may return once ctx.lease_lost is set,
+            # or swallow the cancellation): the cluster may have judged the run already.
+            status, error = None, None
+        handle.finishing = True
+        duration = self.events.since(handle.began)
+        if status is None:
+            self._fenced(handle, duration)
+            return None
+        retry = status == Status.FAILED and claim.attempt < job.max_attempts
+        recorded = await self._record(handle, status, error, duration, retry)
+        return recorded, retry
 
     def _fenced(self, handle: RunHandle, duration: float) -> None:
         """A run fenced before its outcome's write: nothing is written (the cluster may have
@@ -166,19 +180,6 @@ class Runner:
             end=Ending.written(final=not retry, recorded=recorded),
         )
         return recorded
-
-    @staticmethod
-    async def _after_ready_starts(handle: RunHandle) -> None:
-        """One turn of the loop before a run's bookkeeping (its outcome's write, log, metrics,
-        alert): the bodies ready to start meanwhile, a burst's kicked off together, start
-        first. A body that returns at once must not delay the next one's start by its own
-        record. Cancelled meanwhile for a reason (fenced, stopped): judged below like a
-        cancellation the job returned through."""
-        try:
-            await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            if handle.cancel_reason is None:
-                raise
 
     def _context(self, job: Job, claim: Claim, handle: RunHandle) -> JobContext:
         return JobContext(
@@ -236,6 +237,12 @@ class Runner:
     ) -> tuple[Status | None, str | None]:
         timeout: asyncio.Timeout | None = None
         try:
+            # Handed back, SKIPPED (paused) or no longer ours; or started as part of its chunk
+            # just as shutdown began: handed back, its body never started. (Awaited here, in a
+            # coroutine made ahead: at a burst's slot each object made per run, and each frame
+            # resumed, is start lag of every body after it.)
+            if start is not None and not (await start and not self.kickoff.closing):
+                return None, None
             ready = self._may_start(job, claim, start is not None, admit)
             if ready is not True and not (ready if isinstance(ready, bool) else await ready):
                 return None, None
@@ -327,3 +334,9 @@ def _uncancel() -> None:
     task = asyncio.current_task()
     if task is not None:
         task.uncancel()
+
+
+@types.coroutine
+def _one_turn() -> Generator[None, None, None]:
+    """Yield to the loop once (``asyncio.sleep(0)`` without its two coroutine objects)."""
+    yield

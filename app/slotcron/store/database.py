@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -235,12 +235,19 @@ class Database:
         return await self.clock_sample() or datetime.now(UTC)
 
     async def clock_sample(self) -> datetime | None:
-        """The database's clock (for SQLite, its storage's), or None to use this machine's."""
+        """The database's clock (for SQLite, its storage's), or None to use this machine's:
+        as it reads when this returns, at the latest (what it said, carried on from the moment
+        its answer came by this machine's monotonic clock). A sample is a lower bound of the
+        database's time (:meth:`slotcron.clock.DatabaseClock.sync`): what the statement took
+        after the database read its clock is its error, so no COMMIT or giving back of the
+        connection is counted in (they made this instance's clock 0.5 ms late, and every
+        burst's start with it)."""
         if self.dialect.now_sql is None:
             return self.dialect.storage_clock(self.engine.url)
-        async with self.read() as conn:
+        async with self.alone(write=False) as conn:
             value = (await conn.execute(text(self.dialect.now_sql))).scalar_one()
-        return self.dialect.parse_now(value)
+            answered = time.monotonic()
+        return self.dialect.parse_now(value) + timedelta(seconds=time.monotonic() - answered)
 
     async def close(self) -> None:
         await self.engine.dispose()

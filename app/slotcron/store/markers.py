@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -39,8 +39,10 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from slotcron.status import Status
+from slotcron.store import held as held_store
 from slotcron.store.database import Database, now_in_sql
 from slotcron.store.dialects import Dialect
+from slotcron.store.held import Held
 from slotcron.store.starts import SCHEDULED, paused_reason
 from slotcron.store.tables import UTCDateTime, executions, guard, jobs, start_markers
 
@@ -228,11 +230,13 @@ async def mark(
     lease_until: datetime,
     instance_id: str,
     now: datetime,
+    held: Held | None = None,
 ) -> Marked:
     """Start the runs ``ids`` of this instance's chunk ``start_key``, claimed ahead of
     ``slot``, whose leases were claimed until ``lease_until`` (the earliest): one round trip on
     PostgreSQL (a short transaction elsewhere), writing one row whatever the number of runs.
-    Not started when the leader handed the chunk back first, or its leases lapsed."""
+    Not started when the leader handed the chunk back first, or its leases lapsed. ``held``:
+    a connection taken ahead for it (:mod:`slotcron.store.held`), marked unclean if it fails."""
     sql = _mark(db.dialect, db.server_clock)
     params = {
         "p_key": start_key,
@@ -246,8 +250,10 @@ async def mark(
     }
     out = Marked()
     if sql.one_trip is not None:
-        async with db.alone(write=True) as conn:
-            rows = (await conn.execute(sql.one_trip, params)).all()
+        rows = None if held is None else await held_store.execute(held, sql.one_trip, params)
+        if rows is None:
+            async with db.alone(write=True) as conn:
+                rows = list((await conn.execute(sql.one_trip, params)).all())
         first = rows[0]
         if first.inserted:
             out.started = True
@@ -345,20 +351,26 @@ async def prune(db: Database, *, before: datetime, batch: int = 500) -> int:
 
 
 async def rehearse(db: Database, conn: AsyncConnection) -> None:
-    """Run :func:`mark`'s statements once, writing nothing (see ``claims.rehearse``)."""
+    """Run :func:`mark`'s statements once, writing nothing (see ``claims.rehearse``); on a
+    connection that can be held, as it will be (:func:`slotcron.store.held.learn`)."""
     sql = _mark(db.dialect, db.server_clock)
     epoch = datetime(2000, 1, 1, tzinfo=UTC)
+    # The very keys mark() binds (they are part of the compiled statement's cache key), each
+    # its own value, and leases long lapsed: nothing is written.
     params: dict[str, Any] = {
-        "p_key": "",
-        "p_instance": "",
-        "p_now": epoch,
-        "p_slot": epoch,
-        "p_started": epoch,
-        "p_lease_until": epoch,
-        "p_ids": [],
-    }  # the very keys mark() binds: they are part of the compiled statement's cache key
+        "p_key": "\x01rehearsed key",
+        "p_instance": "\x01rehearsed instance",
+        "p_now": epoch + timedelta(microseconds=1),
+        "p_slot": epoch + timedelta(microseconds=2),
+        "p_started": epoch + timedelta(microseconds=3),
+        "p_lease_until": epoch + timedelta(microseconds=4),
+        "p_ids": [-1],
+    }
     if sql.one_trip is not None:
-        await conn.execute(sql.one_trip, params)
+        if held_store.holds(db):
+            await held_store.learn(db, conn, sql.one_trip, params)
+        else:
+            await conn.execute(sql.one_trip, params)
         return
     await conn.execute(sql.insert, params)
     await conn.execute(sql.state, params)
