@@ -83,12 +83,12 @@ class Kickoff:
                 self._done_waiting(start_key, waiting)
                 await self._mark(slot, start_key, waiting, held)
             finally:
-                if held is not None:
-                    await held.release()
                 self._done_waiting(start_key, waiting)
                 for future in waiting.futures.values():
                     if not future.done():
                         future.set_result(False)
+                if held is not None:  # last: whatever it raises, every run has its answer
+                    await held.release()
 
         task = asyncio.create_task(kick(), name="slotcron-kickoff")
         self._tasks.add(task)

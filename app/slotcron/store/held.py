@@ -78,18 +78,21 @@ class Held:
     """False once a statement on it failed: it is dropped, not given back."""
 
     async def release(self) -> None:
+        reset = False
         try:
             if self.clean:
-                try:
-                    await self.conn.execute(_AUTO)
-                    return
-                except _FAILED:
-                    self.clean = False
-            await self.conn.invalidate()  # never back in the pool with the setting on it
+                await self.conn.execute(_AUTO)
+                reset = True
         except _FAILED:
             pass
         finally:
-            await self._stack.aclose()
+            try:
+                if not reset:  # failed, or interrupted: never back in the pool set as it is
+                    await self.conn.invalidate()
+            except _FAILED:
+                pass
+            finally:
+                await self._stack.aclose()
 
 
 async def hold(db: Database) -> Held | None:
