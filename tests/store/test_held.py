@@ -3,6 +3,9 @@ its statement run by the driver on a generic plan; given back as it was found, o
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 from slotcron.store import held, markers
 from slotcron.store.database import Database
@@ -144,3 +147,52 @@ async def test_learn_is_a_no_op_where_nothing_is_held(db: Database, backend: str
     async with db.engine.connect() as conn:
         await held.learn(db, conn, text("SELECT 1"), {})
     assert held._forms.get(id(text("SELECT 1"))) is None
+
+
+async def test_a_marker_found_in_already_goes_on_with_the_held_connection_given_back(
+    pg: Database,
+) -> None:
+    """The marker's answer was lost, or the chunk was claimed after its slot's marker: the
+    held connection's statement finds it ours, and what follows takes a connection of its
+    own. With a pool of one, that is the held one, given back first."""
+    db = Database.connect(pg.engine.url, 1)
+    try:
+        await learnt(db)
+        await register(db, "a", "b")
+        key, runs = await claim_ahead(db, "a", "b")
+        ids = list(runs.values())
+
+        async def mark(taken: held.Held | None) -> markers.Marked:
+            return await markers.mark(
+                db,
+                key,
+                ids=ids,
+                slot=SLOT,
+                lease_until=EARLY + LEASE,
+                instance_id="me",
+                now=SLOT,
+                held=taken,
+            )
+
+        assert (await mark(None)).started
+        taken = await held.hold(db)
+        assert taken is not None
+        again = await asyncio.wait_for(mark(taken), 5)
+        assert (again.started, again.only) == (True, set(ids))
+        assert taken.released
+    finally:
+        await db.close()
+
+
+async def test_no_connection_is_held_when_the_pool_has_none_to_give(pg: Database) -> None:
+    db = Database.connect(pg.engine.url, 1)
+    try:
+        async with db.alone(write=False):  # the pool's only connection, busy
+            began = time.monotonic()
+            assert await held.hold(db) is None
+            assert time.monotonic() - began < held.TAKE_TIMEOUT + 1
+        taken = await held.hold(db)  # free again: held
+        assert taken is not None
+        await taken.release()
+    finally:
+        await db.close()

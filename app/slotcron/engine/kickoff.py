@@ -77,7 +77,8 @@ class Kickoff:
             try:
                 if holds(self.db):
                     await self.clock.sleep_until(slot - HOLD_AHEAD)
-                    held = await hold(self.db)
+                    if not self.closing:
+                        held = await hold(self.db)
                 await self.clock.sleep_until(slot, precise=True)
                 # From now on, a chunk of this key claimed late gets a kick-off of its own.
                 self._done_waiting(start_key, waiting)
@@ -127,7 +128,7 @@ class Kickoff:
                     lease_until=waiting.lease_until,
                     instance_id=self.instance_id,
                     now=self.clock.now(),
-                    held=held if held is not None and held.clean else None,
+                    held=held if held is not None and not held.released else None,
                 )
             except DB_ERRORS as exc:
                 # Not started, still ours while the lease holds: try again (see _start).

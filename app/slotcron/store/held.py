@@ -21,23 +21,27 @@ it, and nothing is held (:attr:`slotcron.store.dialects.Dialect.keeps_prepared`)
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-import asyncpg
 from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from slotcron.store.database import Database
+from slotcron.store.dialects.base import STATEMENT_TIMEOUT
+
+log = logging.getLogger("slotcron.store")
 
 _GENERIC = text("SET plan_cache_mode = force_generic_plan")
 _AUTO = text("RESET plan_cache_mode")
-_FAILED = (DBAPIError, OSError, TimeoutError)
-_DRIVER_FAILED = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+TAKE_TIMEOUT = 1.0
+"""Seconds taking and setting up the connection, or resetting it, may last; past them it is not
+held (the statement takes its own connection at its time, as without one), or dropped."""
 
 
 @dataclass(frozen=True)
@@ -71,61 +75,79 @@ class Held:
     (with its planning setting as it found it), or drops it when anything went wrong."""
 
     conn: AsyncConnection
-    _stack: AsyncExitStack
-    driver: Any = None
+    driver: Any
     """The driver's connection under :attr:`conn` (asyncpg's)."""
     clean: bool = True
     """False once a statement on it failed: it is dropped, not given back."""
+    released: bool = False
 
     async def release(self) -> None:
+        """Back to the pool reset, or dropped (anything failed, timed out or was interrupted:
+        never back in the pool set as it is); once."""
+        if self.released:
+            return
+        self.released = True
         reset = False
         try:
             if self.clean:
-                await self.conn.execute(_AUTO)
+                async with asyncio.timeout(TAKE_TIMEOUT):
+                    await self.conn.execute(_AUTO)
                 reset = True
-        except _FAILED:
-            pass
+        except Exception:  # dropped below, whatever it was
+            reset = False
         finally:
-            try:
-                if not reset:  # failed, or interrupted: never back in the pool set as it is
-                    await self.conn.invalidate()
-            except _FAILED:
-                pass
-            finally:
-                await self._stack.aclose()
+            if not reset:
+                await _drop(self.conn)
+            else:
+                with suppress(Exception):  # its pool judges it on the way back
+                    await self.conn.close()
+
+
+async def _drop(conn: AsyncConnection) -> None:
+    """Close ``conn`` for good (its session is not to be reused), whatever state it is in."""
+    with suppress(Exception):  # never started, or already gone: closed below
+        await conn.invalidate()
+    with suppress(Exception):  # nothing more to give back
+        await conn.close()
 
 
 async def hold(db: Database) -> Held | None:
     """A connection on ``db`` in autocommit, set to run its statements on generic plans; None
-    where nothing is held (see :func:`holds`) or the database did not answer (the statement
-    then takes its own connection, and handles the outage as it does)."""
+    where nothing is held (see :func:`holds`), or when none could be had and set up within
+    :data:`TAKE_TIMEOUT` (a busy pool, an outage): the statement then takes its own connection
+    at its time, and meets the outage there, as without one."""
     if not holds(db):
         return None
-    stack = AsyncExitStack()
+    conn = db.engine.connect()
     try:
-        conn = await stack.enter_async_context(db.alone(write=True))
-        await conn.execute(_GENERIC)
-        driver: Any = (await conn.get_raw_connection()).driver_connection
-    except _FAILED:
-        await stack.aclose()
+        async with asyncio.timeout(TAKE_TIMEOUT):
+            await conn.start()
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            await conn.execute(_GENERIC)
+            driver: Any = (await conn.get_raw_connection()).driver_connection
+    except Exception:
+        await _drop(conn)
         return None
     except BaseException:
-        await stack.aclose()
+        await _drop(conn)
         raise
-    return Held(conn, stack, driver)
+    return Held(conn, driver)
 
 
 async def execute(held: Held, statement: Any, params: dict[str, Any]) -> list[Any] | None:
     """``statement``'s rows (attributes by column name), run by the driver on the held
-    connection; None when it was not (no form learnt for it, or the driver raised: the
-    connection is then given up, and the caller runs the statement its usual way)."""
+    connection; None when it was not: no form learnt for it, or the driver raised or took
+    longer than a statement may (the connection is then dropped at once, and the caller runs
+    the statement its usual way, on a connection of its own)."""
     form = _forms.get(id(statement))
-    if form is None or held.driver is None:
+    if form is None or held.released:
         return None
     held.clean = False  # until its answer came
     try:
-        records = await held.driver.fetch(form.sql, *form.bind(params))
-    except _DRIVER_FAILED:
+        async with asyncio.timeout(STATEMENT_TIMEOUT):
+            records = await held.driver.fetch(form.sql, *form.bind(params))
+    except Exception:
+        await held.release()
         return None
     held.clean = True
     return [SimpleNamespace(**dict(record)) for record in records]
@@ -137,20 +159,35 @@ async def learn(
     """Run ``statement`` on ``conn`` as a held connection will (its plan generic), with
     ``sentinels``: a value per named parameter that nothing else in the statement's arguments
     equals, and that makes it write nothing. What the driver received is learnt (its text,
-    where each parameter goes), and run once by the driver itself, which prepares it there."""
+    where each parameter goes), and run once by the driver itself, which prepares it there.
+    Where a parameter cannot be found, nothing is learnt: the statement goes its usual way."""
     if not holds(db):
         return
     async with generic_plans(db, conn):
         result = await conn.execute(statement, sentinels)
         context = result.context
         sql, args = context.statement, tuple(context.parameters[0])
-        positions = {
-            name: next(i for i, arg in enumerate(args) if arg == value and type(arg) is type(value))
+        found = {
+            name: next(
+                (i for i, arg in enumerate(args) if arg == value and type(arg) is type(value)),
+                None,
+            )
             for name, value in sentinels.items()
         }
+        positions = {name: i for name, i in found.items() if i is not None}
+        if len(positions) < len(found):
+            log.warning("the start marker's statement was not learnt: it goes its usual way")
+            return
         form = _Form(sql, args, positions)
         driver: Any = (await conn.get_raw_connection()).driver_connection
-        await driver.fetch(form.sql, *form.bind(sentinels))
+        savepoint = await conn.begin_nested()
+        try:
+            await driver.fetch(form.sql, *form.bind(sentinels))
+        except Exception:
+            await savepoint.rollback()
+            log.warning("the start marker's statement was not learnt: it goes its usual way")
+            return
+        await savepoint.commit()
     _forms[id(statement)] = form
 
 

@@ -259,6 +259,8 @@ async def mark(
             out.started = True
             out.skipped = {int(r.id): r.error for r in rows if r.id is not None}
             return out
+        if held is not None:
+            await held.release()  # what follows takes a connection of its own (a pool of one)
         return await _found(db, sql, first, params, out)
     async with db.transaction() as conn:
         if (await conn.execute(sql.insert, params)).rowcount == 1:
