@@ -128,7 +128,7 @@ class Kickoff:
                     lease_until=waiting.lease_until,
                     instance_id=self.instance_id,
                     now=self.clock.now(),
-                    held=held if held is not None and not held.released else None,
+                    held=held,  # once given up, its statements go their usual way
                 )
             except DB_ERRORS as exc:
                 # Not started, still ours while the lease holds: try again (see _start).
