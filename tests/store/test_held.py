@@ -19,6 +19,22 @@ async def plan_mode(db: Database) -> str:
         return str((await conn.execute(text("SHOW plan_cache_mode"))).scalar_one())
 
 
+async def mark_held(
+    db: Database, key: str, ids: list[int], taken: held.Held | None
+) -> markers.Marked:
+    """The chunk's marker at SLOT, as its kick-off inserts it (on ``taken`` when given)."""
+    return await markers.mark(
+        db,
+        key,
+        ids=ids,
+        slot=SLOT,
+        lease_until=EARLY + LEASE,
+        instance_id="me",
+        now=SLOT,
+        held=taken,
+    )
+
+
 async def learnt(db: Database) -> None:
     """What a warm-up does on each connection: the marker's statement rehearsed."""
     async with db.engine.connect() as conn:
@@ -62,16 +78,7 @@ async def test_a_held_connection_runs_the_marker_by_the_driver_and_goes_back_as_
         seen = lambda *args: through_sqlalchemy.append(args[2])  # noqa: E731
         event.listen(db.engine.sync_engine, "before_cursor_execute", seen)
         try:
-            marked = await markers.mark(
-                db,
-                key,
-                ids=list(runs.values()),
-                slot=SLOT,
-                lease_until=EARLY + LEASE,
-                instance_id="me",
-                now=SLOT,
-                held=taken,
-            )
+            marked = await mark_held(db, key, list(runs.values()), taken)
         finally:
             event.remove(db.engine.sync_engine, "before_cursor_execute", seen)
         assert (marked.started, marked.only, marked.skipped) == (True, None, {})
@@ -99,16 +106,7 @@ async def test_a_held_connection_that_fails_is_dropped_and_the_marker_goes_its_u
         async with pg.alone(write=True) as conn:  # the server ends that session
             await conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
 
-        marked = await markers.mark(
-            db,
-            key,
-            ids=list(runs.values()),
-            slot=SLOT,
-            lease_until=EARLY + LEASE,
-            instance_id="me",
-            now=SLOT,
-            held=taken,
-        )
+        marked = await mark_held(db, key, list(runs.values()), taken)
         assert marked.started, "written on a connection of its own"
         assert not taken.clean
         await taken.release()  # dropped: its session is gone, nothing raised
@@ -162,22 +160,10 @@ async def test_a_marker_found_in_already_goes_on_with_the_held_connection_given_
         key, runs = await claim_ahead(db, "a", "b")
         ids = list(runs.values())
 
-        async def mark(taken: held.Held | None) -> markers.Marked:
-            return await markers.mark(
-                db,
-                key,
-                ids=ids,
-                slot=SLOT,
-                lease_until=EARLY + LEASE,
-                instance_id="me",
-                now=SLOT,
-                held=taken,
-            )
-
-        assert (await mark(None)).started
+        assert (await mark_held(db, key, ids, None)).started
         taken = await held.hold(db)
         assert taken is not None
-        again = await asyncio.wait_for(mark(taken), 5)
+        again = await asyncio.wait_for(mark_held(db, key, ids, taken), 5)
         assert (again.started, again.only) == (True, set(ids))
         assert taken.released
     finally:
