@@ -65,4 +65,9 @@ async def test_two_instances_racing_run_each_slot_of_each_job_exactly_once(
         if r.status not in ("SKIPPED", "QUEUED")
     )
     assert ran == runs
-    assert {r.status for r in rows} <= {"COMPLETED", "SKIPPED", "STOPPED"}
+    assert {r.status for r in rows} <= {"COMPLETED", "SKIPPED", "STOPPED", "QUEUED"}
+    # A run handed back never ran, and it is one of the last slots: claimed ahead, due after the
+    # SIGTERM, not a slot dropped in the middle.
+    queued = [(r.job_name, r.scheduled_at) for r in rows if r.status == "QUEUED"]
+    assert not [key for key in queued if (key[0], key[1].isoformat()) in runs], queued
+    assert all(slot >= slots[-1] for _, slot in queued), (queued, slots[-1])
