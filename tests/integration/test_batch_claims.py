@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from slotcron import JobContext
 from slotcron.clock import ManualClock, SystemClock
-from slotcron.engine import burst
+from slotcron.engine import burst, claims
 from slotcron.engine.claims import Claimer
 from slotcron.errors import RowBusy
 from slotcron.jobs.registry import Registry, cron
@@ -376,6 +376,56 @@ async def test_a_burst_with_a_held_row_still_runs_every_slot_once(
     assert service.claimer.stats.busy_retries > 0
     rows = await recorded(db)
     assert len(rows) == 40
+
+
+async def test_a_burst_whose_rows_stay_held_is_claimed_together_again_not_one_by_one(
+    db: Database, backend: str, start_service: ServiceFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows held past the batch's own retries (under overload: this instance's transaction
+    recording missed slots of the same jobs) are claimed in one batch more once free: one claim
+    each would put an overloaded instance further behind every second."""
+    if backend == "sqlite":
+        pytest.skip("SQLite has no row locks: its claims queue for the database-wide lock")
+    monkeypatch.setattr(claims, "HELD_TRIES_MAX", 2)  # the batch's own retries end at once
+    registry = Registry()
+    ran: list[str] = []
+
+    def make(i: int) -> None:
+        @cron("*/10 * * * * *", name=f"held-{i}", registry=registry)
+        async def job(ctx: JobContext) -> None:
+            ran.append(ctx.job)
+
+    for i in range(20):
+        make(i)
+    t0 = datetime(2026, 11, 22, 0, 0, 5, tzinfo=UTC)
+    clock = ManualClock(t0)
+    service = await start_service(list(registry), clock=clock)
+    burst_ = service.planner.burst
+    held, release = asyncio.Event(), asyncio.Event()
+    holder = asyncio.create_task(hold_job_row(db, backend, held, release))  # every job's row
+    await held.wait()
+    again: list[int] = []
+    together, alone = burst_.fire_together, service.firing.fire
+
+    async def fire_together(due: list[tuple[Any, datetime]], *, held_together: bool = True) -> None:
+        if not held_together:  # the second round: the rows are free by now
+            again.append(len(due))
+            release.set()
+            await holder
+        await together(due, held_together=held_together)
+
+    async def fire(job: Any, slot: datetime) -> None:
+        one_by_one.append(job.name)
+        await alone(job, slot)
+
+    one_by_one: list[str] = []
+    monkeypatch.setattr(burst_, "fire_together", fire_together)
+    monkeypatch.setattr(service.firing, "fire", fire)
+    await clock.set(t0 + timedelta(seconds=5))
+    await wait_for(lambda: len(ran) == 20, what="every job to run once its row was free")
+    assert sorted(ran) == sorted(f"held-{i}" for i in range(20))
+    assert sum(again) == 20 and one_by_one == [], (again, one_by_one)
+    assert len(await recorded(db)) == 20
 
 
 async def test_outcomes_recorded_together_touch_only_this_instances_running_runs(

@@ -32,10 +32,11 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 from slotcron.clock import Clock
+from slotcron.engine import missed_slots
 from slotcron.engine.claims import Claimer
 from slotcron.engine.firing import Firing
 from slotcron.engine.permits import Tokens
@@ -112,17 +113,22 @@ class Burst:
         wanted = LEAD_BASE + together * self._claim_cost * LEAD_SAFETY
         return timedelta(seconds=min(wanted, half_period))
 
-    async def fire_together(self, due: list[tuple[Job, datetime]]) -> None:
+    async def fire_together(
+        self, due: list[tuple[Job, datetime]], *, held_together: bool = True
+    ) -> None:
         """Claim every slot due at once in a few transactions, then start each run in its own
-        task, as far as permits go; the rest wait for permits and are claimed in turn."""
+        task, as far as permits go; the rest wait for permits and are claimed in turn. Slots
+        whose rows stayed held by another claimer are claimed together once more
+        (``held_together``), then one by one."""
         self.claiming += 1
         try:
-            await self._fire_together(due)
+            await self._fire_together(due, held_together)
         finally:
             self.claiming -= 1
 
-    async def _fire_together(self, due: list[tuple[Job, datetime]]) -> None:
+    async def _fire_together(self, due: list[tuple[Job, datetime]], held_together: bool) -> None:
         shared = _Shared()
+        shared.held_together = held_together
         if len(due) > BATCH_SIZE:
             # Every instance cuts the same chunks and takes them in its own order: instances
             # that share the burst claim different chunks, not the same rows in the same order,
@@ -208,7 +214,7 @@ class Burst:
             raise
         if decided.taken - decided.superseded:
             shared.with_others = True
-        self._act_on(decided, jobs, ends, tokens)
+        self._act_on(decided, jobs, ends, tokens, shared.held_together)
 
     def _act_on(
         self,
@@ -216,10 +222,12 @@ class Burst:
         jobs: dict[str, Job],
         ends: dict[tuple[int, datetime], datetime],
         tokens: Tokens,
+        again: bool,
     ) -> None:
         """What a chunk's claim decided: its runs started (those claimed ahead at their slot),
-        its permits given back for what it did not run, undecided and held slots claimed again
-        one by one, deferred ones together at their slot."""
+        its permits given back for what it did not run, undecided slots claimed again one by
+        one, held ones together once more (``again``, else one by one), deferred ones
+        together at their slot."""
         ahead: dict[tuple[datetime, str], list[Claim]] = {}
         for name, claim in decided.claims.items():
             if claim.status == Status.RUNNING and not claim.started:
@@ -251,15 +259,28 @@ class Burst:
             tokens.give_back()
             self.firing.spawn(self.firing.fire(job, item.slot), job)
         if gaps:  # keeping their permits
-            self.firing.spawn(self._close_gaps(gaps, decided.expected, tokens), None)
-        for item in decided.held:
-            tokens.give_back()
-            self.firing.spawn(self.firing.fire(jobs[item.job_name], item.slot), jobs[item.job_name])
+            closing = self._close_gaps(gaps, decided.expected, tokens, again)
+            self.firing.spawn(closing, None)
+        if decided.held:
+            tokens.give_back(len(decided.held))
+            self._claim_held([(jobs[item.job_name], item.slot) for item in decided.held], again)
         if decided.deferred:
             # Claimed again at their slot, under the permits a claim at its slot takes.
             tokens.give_back(len(decided.deferred))
             deferred = [(jobs[item.job_name], item.slot) for item in decided.deferred]
             self.firing.spawn(self._claim_at_slot(deferred), None)
+
+    def _claim_held(self, held: list[tuple[Job, datetime]], together: bool) -> None:
+        """Claim again the slots whose rows stayed held past the claim's own retries: together
+        once more (``together``), then one by one. Under overload they are held by this
+        instance's own transaction recording missed slots of the same jobs; claimed one by one,
+        a thousand a second put an instance further behind every second (19,900 of 20,000
+        slots MISSED in the scaling workload)."""
+        if together and len(held) > 1:
+            self.firing.spawn(self.fire_together(held, held_together=False), None)
+            return
+        for job, slot in held:
+            self.firing.spawn(self.firing.fire(job, slot), job)
 
     async def _claim_at_slot(self, batch: list[tuple[Job, datetime]]) -> None:
         """Claim together, once their time has come, the slots a batch claimed ahead deferred
@@ -269,7 +290,11 @@ class Burst:
         await self.fire_together(batch)
 
     async def _close_gaps(
-        self, batch: list[tuple[Job, datetime]], expected: Mapping[str, datetime], tokens: Tokens
+        self,
+        batch: list[tuple[Job, datetime]],
+        expected: Mapping[str, datetime],
+        tokens: Tokens,
+        again: bool,
     ) -> None:
         """Record MISSED, together, the slots of ``misfire="skip"`` jobs that no instance
         decided before ``batch``'s (claims that gave up under overload, say), then claim the
@@ -293,7 +318,7 @@ class Burst:
                 )
                 for job, slot in batch
             ]
-            await self.record_missed(missed, now)
+            await missed_slots.record(self.firing, missed, now, BATCH_SIZE)
             if count := sum(len(late) for _, late in missed):
                 log.warning(
                     "%d slots of %d jobs were never claimed (no live instance, no database, or "
@@ -305,66 +330,9 @@ class Burst:
             tokens.give_back(len(batch))
             raise
         # Their gaps are decided (or were older than catchup_window, passed over): no new check.
-        await self._claim_together(batch, tokens, check_gap=False)
-
-    async def miss_together(
-        self,
-        missed: list[tuple[Job, list[datetime], datetime]],
-        now: datetime,
-        resume: Callable[[Job, datetime], None],
-    ) -> None:
-        """Record late slots of ``misfire="skip"`` jobs MISSED, many jobs per transaction: an
-        overloaded or paused instance that falls behind on thousands of jobs catches up in a
-        few statements, instead of falling further behind deciding them one by one. Each job
-        then ``resume``s firing at its first slot that is not late."""
-        try:
-            await self.record_missed([(job, late) for job, late, _ in missed], now)
-            count = sum(len(late) for _, late, _ in missed)
-            if count:
-                log.warning(
-                    "%d slots of %d jobs reached past their grace: recorded MISSED "
-                    "(misfire='skip')",
-                    count,
-                    len(missed),
-                )
-        finally:
-            for job, _, first_on_time in missed:
-                resume(job, first_on_time)
-
-    async def record_missed(self, missed: list[tuple[Job, list[datetime]]], now: datetime) -> None:
-        """The k-th late slot of every job goes in round k, so each job's slots stay in order."""
-        if not missed:
-            return
-        jobs = {job.name: job for job, _ in missed}
-        for k in range(max(len(late) for _, late in missed)):
-            items = [
-                Due(
-                    job_name=job.name,
-                    slot=late[k],
-                    following=self.schedules[job.name].next_after(late[k]),
-                    trigger=job.trigger,
-                    lease_ms=0,
-                    forbid_overlap=False,
-                    missed_reason=misfire.missed_reason(job, late[k], now),
-                    excluded=self.claimer.excluded(job, late[k]),
-                    max_runs=job.max_runs,
-                    check_gap=False,
-                    fingerprint=self.claimer.fingerprint(job),
-                )
-                for job, late in missed
-                if k < len(late)
-            ]
-            for begin in range(0, len(items), BATCH_SIZE):
-                chunk = items[begin : begin + BATCH_SIZE]
-                decided = await self.claimer.claim_many(chunk, give_up_at=now + misfire.MAX_GRACE)
-                for item in decided.held + decided.undecided:  # one by one, in order
-                    await self.firing.claim(
-                        jobs[item.job_name],
-                        item.slot,
-                        trigger=item.trigger,
-                        check_gap=False,
-                        missed_reason=item.missed_reason,
-                    )
+        shared = _Shared()
+        shared.held_together = again
+        await self._claim_together(batch, tokens, check_gap=False, shared=shared)
 
     def _due(
         self, job: Job, slot: datetime, check_gap: bool = True, following: datetime | None = None
@@ -388,6 +356,9 @@ class _Shared:
     it too (a chunk came back with slots already taken)."""
 
     with_others = False
+    held_together = True
+    """Whether slots whose rows stayed held are claimed together once more (not when these are
+    such slots already)."""
     readable = True
     """False once a read of open slots failed or hung: the burst's later chunks are claimed
     without one (a hanging database must not cost each chunk a read's wait on top)."""

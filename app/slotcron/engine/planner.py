@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from slotcron.clock import Clock
-from slotcron.engine.burst import Burst
+from slotcron.engine import missed_slots
+from slotcron.engine.burst import BATCH_SIZE, Burst
 from slotcron.engine.firing import Firing
 from slotcron.engine.shares import Shares
 from slotcron.jobs import misfire
@@ -272,6 +273,6 @@ class Planner:
             def resume(job: Job, slot: datetime) -> None:
                 self._resume(job, slot, next(flags, False))
 
-            together = self.burst.miss_together(missed, now, resume)
+            together = missed_slots.miss_together(firing, missed, now, resume, BATCH_SIZE)
             # Passed-over ranges first: their jobs' late slots would close them unrecorded.
             firing.spawn(firing.pass_over_then(passed_over, now, together), None)
