@@ -13,7 +13,7 @@ from slotcron.clock import ManualClock, SystemClock
 from slotcron.engine import burst, claims
 from slotcron.engine.claims import Claimer
 from slotcron.errors import RowBusy
-from slotcron.jobs.registry import Registry, cron
+from slotcron.jobs.registry import Job, Registry, cron
 from slotcron.lifeline.roles import Collaborators
 from slotcron.store import batch as batch_store
 from slotcron.store import markers, registrations, starts
@@ -344,25 +344,30 @@ async def test_a_burst_another_instance_claimed_costs_this_one_a_read_per_chunk_
     assert mine == 0
 
 
+def burst_of(prefix: str, count: int, ran: list[str]) -> list[Job]:
+    """``count`` jobs due every ten seconds, each recording its name in ``ran`` as it runs."""
+    registry = Registry()
+
+    def make(i: int) -> None:
+        @cron("*/10 * * * * *", name=f"{prefix}-{i}", registry=registry)
+        async def job(ctx: JobContext) -> None:
+            ran.append(ctx.job)
+
+    for i in range(count):
+        make(i)
+    return list(registry)
+
+
 async def test_a_burst_with_a_held_row_still_runs_every_slot_once(
     db: Database, backend: str, start_service: ServiceFactory
 ) -> None:
     """A row held while the burst is claimed is claimed on its own once free: not dropped."""
     if backend == "sqlite":
         pytest.skip("SQLite has no row locks: its claims queue for the database-wide lock")
-    registry = Registry()
     ran: list[str] = []
-
-    def make(i: int) -> None:
-        @cron("*/10 * * * * *", name=f"burst-{i}", registry=registry)
-        async def job(ctx: JobContext) -> None:
-            ran.append(ctx.job)
-
-    for i in range(40):
-        make(i)
     t0 = datetime(2026, 11, 22, 0, 0, 5, tzinfo=UTC)
     clock = ManualClock(t0)
-    service = await start_service(list(registry), clock=clock)
+    service = await start_service(burst_of("burst", 40, ran), clock=clock)
     held, release = asyncio.Event(), asyncio.Event()
     holder = asyncio.create_task(hold_job_row(db, backend, held, release, name="burst-7"))
     await held.wait()
@@ -387,19 +392,10 @@ async def test_a_burst_whose_rows_stay_held_is_claimed_together_again_not_one_by
     if backend == "sqlite":
         pytest.skip("SQLite has no row locks: its claims queue for the database-wide lock")
     monkeypatch.setattr(claims, "HELD_TRIES_MAX", 2)  # the batch's own retries end at once
-    registry = Registry()
     ran: list[str] = []
-
-    def make(i: int) -> None:
-        @cron("*/10 * * * * *", name=f"held-{i}", registry=registry)
-        async def job(ctx: JobContext) -> None:
-            ran.append(ctx.job)
-
-    for i in range(20):
-        make(i)
     t0 = datetime(2026, 11, 22, 0, 0, 5, tzinfo=UTC)
     clock = ManualClock(t0)
-    service = await start_service(list(registry), clock=clock)
+    service = await start_service(burst_of("held", 20, ran), clock=clock)
     burst_ = service.planner.burst
     held, release = asyncio.Event(), asyncio.Event()
     holder = asyncio.create_task(hold_job_row(db, backend, held, release))  # every job's row
