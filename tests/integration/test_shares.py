@@ -34,6 +34,10 @@ def every_second(ran: Ran) -> Registry:
     return registry
 
 
+async def _nothing() -> None:
+    pass
+
+
 def slots_seen(ran: Ran) -> list[datetime]:
     return sorted({slot for _, slot, _ in ran})
 
@@ -90,12 +94,35 @@ async def test_an_instance_alone_reads_no_members_until_one_joins(
     registry = every_second(ran)
     a = await start_service(list(registry), instance_id="alone-a")
     beats = a.heartbeat.period
+    # Its reads in the first two periods after joining (members started with it) are over.
+    await wait_for(lambda: not a.membership.settling, timeout=4 * beats + 5, what="settled")
     reads = a.membership.reads
     await wait_for(lambda: len(slots_seen(ran)) >= 4 * beats + 2, timeout=30, what="4 periods")
     assert a.membership.reads == reads, "an instance alone read the members"
     await start_service(list(registry), instance_id="alone-b")
     await wait_for(lambda: len(a.takeover.shares.members) == 2, timeout=10, what="a sees b")
     assert a.membership.flags == 1
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "sqlite"], indirect=True)
+async def test_instances_started_together_see_each_other_within_seconds_not_heartbeats(
+    start_service: ServiceFactory,
+) -> None:
+    """The first of two instances started together reads the members again 1, 2, 4... s after
+    joining: it learns of the second within seconds, not when its idle heartbeat (every other
+    period: 40 s here) finds the flag the second's join set."""
+    registry = Registry()  # no slot due for months: no lost claim hints at the other either
+    for i in range(JOBS):
+        cron("0 0 1 1 *", name=f"quiet-{i}", registry=registry)(_nothing)
+    settings = {"heartbeat_seconds": 20.0, "lease_seconds": 80.0}
+    a = await start_service(list(registry), instance_id="early-a", **settings)
+    await wait_for(lambda: a.membership.reads >= 1, what="a to join")
+    b = await start_service(list(registry), instance_id="early-b", **settings)
+    await wait_for(lambda: b.takeover.shares.members == ("early-a", "early-b"), what="b sees a")
+    await wait_for(
+        lambda: a.takeover.shares.members == ("early-a", "early-b"), timeout=9, what="a sees b"
+    )
+    assert a.membership.flags == 0, "learnt from its heartbeat's flag, not by reading"
 
 
 @pytest.mark.parametrize("backend", ["postgresql", "mariadb"], indirect=True)

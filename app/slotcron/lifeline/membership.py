@@ -5,7 +5,9 @@ its jobs, and within a second of a sign that the view is wrong: a claim lost to 
 (a member this one does not know of tried the same slot), a slot taken over (a member it
 believes alive did not claim it), or its ``reshare`` flag found set by its heartbeat (an
 instance that joins sets it on the members' rows: :func:`slotcron.store.membership.join`).
-An instance alone reads nothing more: no statement while idle beyond the heartbeat. A late
+After joining it reads again 1, 2, 4... seconds later for two heartbeat periods (members started
+about the same time); then an instance alone reads nothing more: no statement while idle beyond
+the heartbeat. A late
 read costs duplicate claim attempts or a slot taken over, never a slot run twice. A member is
 live while it is ``running`` and its heartbeat is at most :data:`SILENT_PERIODS` periods old
 (an idle instance heartbeats every other period). A read that fails keeps the last view.
@@ -31,6 +33,12 @@ every other period, and one renewal that failed or hung must not drop it (each c
 costs a reshare; a member dead meanwhile has its slots taken over, slot by slot)."""
 CHECK_SECONDS = 1.0
 """How often the signs are looked at (in memory: no statement)."""
+SETTLE_FIRST = 1.0
+"""Seconds after joining of the first read that finds the members started about the same time
+(a deployment's instances, a blue/green overlap); then 2, 4, 8... seconds after, for two
+heartbeat periods: the longest an idle member takes to find the ``reshare`` flag a later join
+set. Instances started 0.5 s apart shared 100,000 schedules due 33 s later 0, 0 and 100,000:
+the first one learnt of the others 31 s after they joined, when its burst was claimed."""
 
 
 class Membership(Role):
@@ -65,6 +73,13 @@ class Membership(Role):
         self._pending = False
         """A change whose consequences could not be read (the database failed): done again at
         the next read, changed or not."""
+        self._settle: list[float] = []
+        """When (:func:`time.monotonic`) to read again after joining (:data:`SETTLE_FIRST`)."""
+
+    @property
+    def settling(self) -> bool:
+        """Whether reads after joining are still to come (:data:`SETTLE_FIRST`)."""
+        return bool(self._settle)
 
     def flagged(self) -> None:
         """The heartbeat found the ``reshare`` flag set: read within :data:`CHECK_SECONDS`."""
@@ -75,8 +90,12 @@ class Membership(Role):
         while True:
             await self.clock.sleep(CHECK_SECONDS)
             signs = self.signs() + self.flags
-            periodic = not self.shares.alone and time.monotonic() - read_at >= self.period
-            if periodic or signs != self._seen or self._pending or not self._joined:
+            now = time.monotonic()
+            periodic = not self.shares.alone and now - read_at >= self.period
+            settling = bool(self._settle) and now >= self._settle[0]
+            while self._settle and now >= self._settle[0]:
+                self._settle.pop(0)
+            if periodic or settling or signs != self._seen or self._pending or not self._joined:
                 # Kept on the instance: a sign that came while the loop restarted still counts.
                 self._seen, read_at = signs, time.monotonic()
                 await self.refresh()
@@ -93,6 +112,7 @@ class Membership(Role):
                     instance_id=self.instance_id,
                     now=self.clock.now(),
                 )
+                self._settle = _settle_reads(time.monotonic(), 2 * self.period)
             self._joined = True
             found = await membership.members(
                 self.db, jobs_digest=self.jobs_digest, alive_after=alive_after
@@ -116,3 +136,13 @@ class Membership(Role):
                 resume_cancellation(exc)
                 return
             self._pending = False
+
+
+def _settle_reads(joined: float, until: float) -> list[float]:
+    """The moments after joining (at ``joined``) to read the members again: 1, 2, 4... seconds
+    after, within ``until`` seconds."""
+    reads, after = [], SETTLE_FIRST
+    while after < until:
+        reads.append(joined + after)
+        after *= 2
+    return reads
