@@ -10,7 +10,7 @@ import itertools
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -151,7 +151,9 @@ async def test_an_abandoned_run_is_heard_from_the_instance_that_recorded_it(
     async def ghostly() -> None:
         pass
 
-    old = datetime(2020, 1, 1, tzinfo=UTC)
+    # Minutes ago, not years: the history's pruning deletes a finished row created before the
+    # retention, and would take the ABANDONED row before the hook reads it back.
+    old = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
     async with db.transaction() as conn:
         inserted = await conn.execute(
             insert(executions).values(
@@ -163,7 +165,7 @@ async def test_an_abandoned_run_is_heard_from_the_instance_that_recorded_it(
                 instance_id="ghost",
                 created_at=old,
                 started_at=old,  # its body started: not handed back but ABANDONED
-                lease_until=datetime(2020, 1, 1, 0, 1, tzinfo=UTC),
+                lease_until=old + timedelta(minutes=1),
                 lease_ms=60_000,
                 params={"region": "eu"},
             )
