@@ -126,8 +126,8 @@ async def test_each_failure_and_abandoned_run_is_sent_once_by_a_cluster_of_two(
     ids = [event["execution_id"] for event in sent]
     assert len(ids) == len(set(ids)), "a failure was sent twice"
     assert set(ids) == failed, "every failure is sent, and only failures"
-    # Both raced for every slot: the one that lost a claim sent nothing for it.
-    assert sum(service.claimer.stats.taken for service in services) > 0
+    # (The two no longer race for every slot: the job is its owner's once they know each other,
+    # within seconds of starting; a claim lost meanwhile sends nothing, as asserted above.)
     abandoned = listener.events("ABANDONED")
     assert [event["execution_id"] for event in abandoned] == [ghost]
     assert abandoned[0]["instance"] == "ghost" and abandoned[0]["slot"] == "2020-01-01T00:00:00Z"
