@@ -39,7 +39,9 @@ async def test_a_precise_sleep_lets_the_loop_run_meanwhile() -> None:
     await clock.sleep_until(clock.now() + timedelta(seconds=FINAL_APPROACH / 2), precise=True)
     stop = True
     await task
-    assert turns > 10
+    # A sleep that blocked the loop would give the other task one turn at most; the yielding one
+    # gave it 10 with four test workers on two cores (CI run 7), hundreds on a quiet machine.
+    assert turns > 3
 
 
 async def test_said_at_gives_what_each_clock_said_at_a_monotonic_moment() -> None:
