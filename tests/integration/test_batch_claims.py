@@ -401,6 +401,7 @@ async def test_a_burst_whose_rows_stay_held_is_claimed_together_again_not_one_by
     holder = asyncio.create_task(hold_job_row(db, backend, held, release))  # every job's row
     await held.wait()
     again: list[int] = []
+    one_by_one: list[str] = []
     together, alone = burst_.fire_together, service.firing.fire
 
     async def fire_together(due: list[tuple[Any, datetime]], *, held_together: bool = True) -> None:
@@ -414,7 +415,6 @@ async def test_a_burst_whose_rows_stay_held_is_claimed_together_again_not_one_by
         one_by_one.append(job.name)
         await alone(job, slot)
 
-    one_by_one: list[str] = []
     monkeypatch.setattr(burst_, "fire_together", fire_together)
     monkeypatch.setattr(service.firing, "fire", fire)
     await clock.set(t0 + timedelta(seconds=5))

@@ -127,8 +127,7 @@ class Burst:
             self.claiming -= 1
 
     async def _fire_together(self, due: list[tuple[Job, datetime]], held_together: bool) -> None:
-        shared = _Shared()
-        shared.held_together = held_together
+        shared = _Shared(held_together)
         if len(due) > BATCH_SIZE:
             # Every instance cuts the same chunks and takes them in its own order: instances
             # that share the burst claim different chunks, not the same rows in the same order,
@@ -222,11 +221,11 @@ class Burst:
         jobs: dict[str, Job],
         ends: dict[tuple[int, datetime], datetime],
         tokens: Tokens,
-        again: bool,
+        held_together: bool,
     ) -> None:
         """What a chunk's claim decided: its runs started (those claimed ahead at their slot),
         its permits given back for what it did not run, undecided slots claimed again one by
-        one, held ones together once more (``again``, else one by one), deferred ones
+        one, held ones together once more (``held_together``, else one by one), deferred ones
         together at their slot."""
         ahead: dict[tuple[datetime, str], list[Claim]] = {}
         for name, claim in decided.claims.items():
@@ -259,24 +258,25 @@ class Burst:
             tokens.give_back()
             self.firing.spawn(self.firing.fire(job, item.slot), job)
         if gaps:  # keeping their permits
-            closing = self._close_gaps(gaps, decided.expected, tokens, again)
+            closing = self._close_gaps(gaps, decided.expected, tokens, held_together)
             self.firing.spawn(closing, None)
         if decided.held:
             tokens.give_back(len(decided.held))
-            self._claim_held([(jobs[item.job_name], item.slot) for item in decided.held], again)
+            held = [(jobs[item.job_name], item.slot) for item in decided.held]
+            self._claim_held(held, held_together)
         if decided.deferred:
             # Claimed again at their slot, under the permits a claim at its slot takes.
             tokens.give_back(len(decided.deferred))
             deferred = [(jobs[item.job_name], item.slot) for item in decided.deferred]
             self.firing.spawn(self._claim_at_slot(deferred), None)
 
-    def _claim_held(self, held: list[tuple[Job, datetime]], together: bool) -> None:
+    def _claim_held(self, held: list[tuple[Job, datetime]], held_together: bool) -> None:
         """Claim again the slots whose rows stayed held past the claim's own retries: together
-        once more (``together``), then one by one. Under overload they are held by this
+        once more (``held_together``), then one by one. Under overload they are held by this
         instance's own transaction recording missed slots of the same jobs; claimed one by one,
         a thousand a second put an instance further behind every second (19,900 of 20,000
         slots MISSED in the scaling workload)."""
-        if together and len(held) > 1:
+        if held_together and len(held) > 1:
             self.firing.spawn(self.fire_together(held, held_together=False), None)
             return
         for job, slot in held:
@@ -294,7 +294,7 @@ class Burst:
         batch: list[tuple[Job, datetime]],
         expected: Mapping[str, datetime],
         tokens: Tokens,
-        again: bool,
+        held_together: bool,
     ) -> None:
         """Record MISSED, together, the slots of ``misfire="skip"`` jobs that no instance
         decided before ``batch``'s (claims that gave up under overload, say), then claim the
@@ -330,8 +330,7 @@ class Burst:
             tokens.give_back(len(batch))
             raise
         # Their gaps are decided (or were older than catchup_window, passed over): no new check.
-        shared = _Shared()
-        shared.held_together = again
+        shared = _Shared(held_together)
         await self._claim_together(batch, tokens, check_gap=False, shared=shared)
 
     def _due(
@@ -356,9 +355,11 @@ class _Shared:
     it too (a chunk came back with slots already taken)."""
 
     with_others = False
-    held_together = True
-    """Whether slots whose rows stayed held are claimed together once more (not when these are
-    such slots already)."""
     readable = True
     """False once a read of open slots failed or hung: the burst's later chunks are claimed
     without one (a hanging database must not cost each chunk a read's wait on top)."""
+
+    def __init__(self, held_together: bool = True) -> None:
+        self.held_together = held_together
+        """Whether slots whose rows stayed held are claimed together once more (not when these
+        are such slots already)."""

@@ -7,10 +7,10 @@ believes alive did not claim it), or its ``reshare`` flag found set by its heart
 instance that joins sets it on the members' rows: :func:`slotcron.store.membership.join`).
 After joining it reads again 1, 2, 4... seconds later for two heartbeat periods (members started
 about the same time); then an instance alone reads nothing more: no statement while idle beyond
-the heartbeat. A late
-read costs duplicate claim attempts or a slot taken over, never a slot run twice. A member is
-live while it is ``running`` and its heartbeat is at most :data:`SILENT_PERIODS` periods old
-(an idle instance heartbeats every other period). A read that fails keeps the last view.
+the heartbeat. A late read costs duplicate claim attempts or a slot taken over, never a slot run
+twice. A member is live while it is ``running`` and its heartbeat is at most
+:data:`SILENT_PERIODS` periods old (an idle instance heartbeats every other period). A read
+that fails keeps the last view.
 """
 
 from __future__ import annotations
@@ -92,9 +92,10 @@ class Membership(Role):
             signs = self.signs() + self.flags
             now = time.monotonic()
             periodic = not self.shares.alone and now - read_at >= self.period
-            settling = bool(self._settle) and now >= self._settle[0]
-            while self._settle and now >= self._settle[0]:
+            settling = False
+            while self._settle and now >= self._settle[0]:  # one read for those past
                 self._settle.pop(0)
+                settling = True
             if periodic or settling or signs != self._seen or self._pending or not self._joined:
                 # Kept on the instance: a sign that came while the loop restarted still counts.
                 self._seen, read_at = signs, time.monotonic()
