@@ -6,6 +6,7 @@ change token polled elsewhere): each test waits for that on a condition, then mo
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -82,6 +83,18 @@ def held(service: Service, schedule_id: str) -> Any:
     return service.schedule_planner.current.get(schedule_id)
 
 
+def planning(service: Service, clock: ManualClock) -> str:
+    """What the schedules' planner holds, for a failed wait's message."""
+    planner = service.schedule_planner
+    tasks = sorted(t.get_name() for t in asyncio.all_tasks())
+    return (
+        f"clock {clock.now():%H:%M:%S}, asleep {[f'{w:%H:%M:%S}' for _, w in clock._sleepers]}; "
+        f"heap {[(f'{s:%H:%M:%S}', j.name, j.version) for s, _, j in sorted(planner._heap)]}; "
+        f"current {[(n, j.version) for n, j in planner.current.items()]}; "
+        f"popped {planner.popped}; members {planner.shares.members}; tasks {tasks}"
+    )
+
+
 async def test_a_schedule_fires_as_a_job_named_by_its_id_with_its_params(
     db: Database, start: Start
 ) -> None:
@@ -108,8 +121,9 @@ async def test_a_schedule_fires_as_a_job_named_by_its_id_with_its_params(
 
 
 async def test_an_update_applies_from_the_next_slot_after_it_commits(
-    db: Database, start: Start
+    db: Database, start: Start, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="slotcron")  # shown if the test fails
     ran: Ran = []
     registry = report_task(ran)
     clock = ManualClock(T0)
@@ -128,7 +142,10 @@ async def test_an_update_applies_from_the_next_slot_after_it_commits(
         what="the update in force",
     )
     await clock.set(at(15))
-    await wait_for(lambda: len(ran) == 2, what="the new :15 slot")
+    try:
+        await wait_for(lambda: len(ran) == 2, what="the new :15 slot")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {planning(service, clock)}") from None
     await clock.set(at(20))  # a slot of the old timing only
     await clock.set(at(30))
     await wait_for(lambda: len(ran) == 3, what="the :30 slot")
