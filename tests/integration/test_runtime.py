@@ -87,9 +87,10 @@ def planning(service: Service, clock: ManualClock) -> str:
     """What the schedules' planner holds, for a failed wait's message."""
     planner = service.schedule_planner
     tasks = sorted(t.get_name() for t in asyncio.all_tasks())
+    heap = [(f"{s:%H:%M:%S}", j.name, getattr(j, "version", None)) for s, _, j in planner._heap]
     return (
         f"clock {clock.now():%H:%M:%S}, asleep {[f'{w:%H:%M:%S}' for _, w in clock._sleepers]}; "
-        f"heap {[(f'{s:%H:%M:%S}', j.name, j.version) for s, _, j in sorted(planner._heap)]}; "
+        f"heap {sorted(heap)}; "
         f"current {[(n, j.version) for n, j in planner.current.items()]}; "
         f"popped {planner.popped}; members {planner.shares.members}; tasks {tasks}"
     )
@@ -141,6 +142,7 @@ async def test_an_update_applies_from_the_next_slot_after_it_commits(
         lambda: getattr(held(service, "tenant-2"), "version", None) == updated.updated_at,
         what="the update in force",
     )
+    assert "tenant-2" in planning(service, clock)  # what a failed wait below would say
     await clock.set(at(15))
     try:
         await wait_for(lambda: len(ran) == 2, what="the new :15 slot")
