@@ -181,7 +181,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.quick)
         elif path.name not in PROCESS_FILES and _backend(item) in (None, "sqlite"):
             item.add_marker(pytest.mark.quick)
-    items.sort(key=lambda item: not _alone(item))  # stable: the alone tests first, in order
+    items.sort(key=_order)  # stable: in file order within each rank
+
+
+def _order(item: pytest.Item) -> int:
+    """Where a test comes in the run: the ``alone`` tests first (while the workers wait for
+    them anyway), then the longest kinds first so that none starts last and keeps the run
+    waiting for it: whole clusters and topologies (10-60 s), tests that start processes, the
+    rest. The README's command hands tests out one at a time (``--dist load
+    --maxschedchunk 1``), so this order is the order they start in."""
+    if _alone(item):
+        return 0
+    path = Path(item.path).resolve()
+    folder = path.parent.name if path.parent != HERE else ""
+    if folder in FOLDER_MARKS or "spawn" in getattr(item, "fixturenames", ()):
+        return 1
+    return 2 if path.name in PROCESS_FILES else 3
 
 
 def _backend(item: pytest.Item) -> str | None:
