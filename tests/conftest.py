@@ -170,6 +170,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item, "fixturenames", ()
         ):
             item.add_marker(pytest.mark.alone)  # a load test; a page driven in a real browser
+        if _alone(item):  # one after another on one worker, holding the lock from one to the next
+            item.add_marker(pytest.mark.xdist_group("alone"))
         mark = FOLDER_MARKS.get(folder)
         if mark:
             item.add_marker(getattr(pytest.mark, mark))
@@ -188,8 +190,8 @@ def _order(item: pytest.Item) -> int:
     """Where a test comes in the run: the ``alone`` tests first (while the workers wait for
     them anyway), then the longest kinds first so that none starts last and keeps the run
     waiting for it: whole clusters and topologies (10-60 s), tests that start processes, the
-    rest. The README's command hands tests out one at a time (``--dist load
-    --maxschedchunk 1``), so this order is the order they start in."""
+    rest. The README's command (``--dist loadgroup``, in pyproject.toml) gives the ``alone``
+    tests to one worker together and hands the others out one at a time, in this order."""
     if _alone(item):
         return 0
     path = Path(item.path).resolve()
