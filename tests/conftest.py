@@ -172,6 +172,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.alone)  # a load test; a page driven in a real browser
         if _alone(item):  # one after another on one worker, holding the lock from one to the next
             item.add_marker(pytest.mark.xdist_group("alone"))
+        elif folder == "packaging":  # builds in the source tree: two at once collide there
+            item.add_marker(pytest.mark.xdist_group("packaging"))
         mark = FOLDER_MARKS.get(folder)
         if mark:
             item.add_marker(getattr(pytest.mark, mark))
