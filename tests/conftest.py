@@ -157,6 +157,22 @@ def _take(alone: bool) -> IO[str]:
     return shared
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """``alone`` for a load test or a page driven in a real browser; the groups of tests that
+    go to one worker together (``--dist loadgroup``): the ``alone`` tests, one after another,
+    holding the lock from one to the next; the packaging tests, which build in the source tree
+    (two at once collide there). Set as each test is collected, before any plugin reads the
+    groups (pytest-xdist names them in its own pass over the collection)."""
+    if item.get_closest_marker("load") is not None or "chromium_path" in getattr(
+        item, "fixturenames", ()
+    ):
+        item.add_marker(pytest.mark.alone)
+    if _alone(item):
+        item.add_marker(pytest.mark.xdist_group("alone"))
+    elif Path(item.path).resolve().parent.name == "packaging":
+        item.add_marker(pytest.mark.xdist_group("packaging"))
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks by where a test lives and what it needs (README, "Running the tests"):
@@ -166,14 +182,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(item.path).resolve()
         folder = path.parent.name if path.parent != HERE else ""
-        if item.get_closest_marker("load") is not None or "chromium_path" in getattr(
-            item, "fixturenames", ()
-        ):
-            item.add_marker(pytest.mark.alone)  # a load test; a page driven in a real browser
-        if _alone(item):  # one after another on one worker, holding the lock from one to the next
-            item.add_marker(pytest.mark.xdist_group("alone"))
-        elif folder == "packaging":  # builds in the source tree: two at once collide there
-            item.add_marker(pytest.mark.xdist_group("packaging"))
         mark = FOLDER_MARKS.get(folder)
         if mark:
             item.add_marker(getattr(pytest.mark, mark))

@@ -564,8 +564,10 @@ async def test_a_manual_run_wakes_an_idle_instance_by_notification_on_postgresql
     await operations.trigger(db, job="on-call", params={}, now=service.clock.now())
     await wait_for(lambda: started, timeout=5, what="the manual run")
     waited = started[0] - asked
-    # A poll comes within a second; a notification within a few milliseconds.
-    assert waited < (0.5 if backend == "postgresql" else 2.0), f"started after {waited:.2f} s"
+    # Elsewhere a poll comes within a second. On PostgreSQL none comes for 60 s (asserted
+    # above): only a notification starts it within 1.5 s (milliseconds on a quiet machine; 0.68 s
+    # once in six workers on two cores).
+    assert waited < (1.5 if backend == "postgresql" else 2.0), f"started after {waited:.2f} s"
 
 
 @pytest.mark.alone  # a bound on lateness: run while no other test loads the machine
