@@ -169,8 +169,14 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.alone)
     if _alone(item):
         item.add_marker(pytest.mark.xdist_group("alone"))
-    elif Path(item.path).resolve().parent.name == "packaging":
+    elif _place(item)[1] == "packaging":
         item.add_marker(pytest.mark.xdist_group("packaging"))
+
+
+def _place(item: pytest.Item) -> tuple[Path, str]:
+    """Where a test lives: its file, and its folder under ``tests/`` ("" at the top)."""
+    path = Path(item.path).resolve()
+    return path, path.parent.name if path.parent != HERE else ""
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
@@ -180,8 +186,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     database and starts no process; ``quick`` for those and every in-process test on SQLite
     (python -m pytest -m quick -n 4); ``timeout`` longer for clusters and topologies."""
     for item in items:
-        path = Path(item.path).resolve()
-        folder = path.parent.name if path.parent != HERE else ""
+        path, folder = _place(item)
         mark = FOLDER_MARKS.get(folder)
         if mark:
             item.add_marker(getattr(pytest.mark, mark))
@@ -204,8 +209,7 @@ def _order(item: pytest.Item) -> int:
     tests to one worker together and hands the others out one at a time, in this order."""
     if _alone(item):
         return 0
-    path = Path(item.path).resolve()
-    folder = path.parent.name if path.parent != HERE else ""
+    path, folder = _place(item)
     if folder in FOLDER_MARKS or "spawn" in getattr(item, "fixturenames", ()):
         return 1
     return 2 if path.name in PROCESS_FILES else 3
