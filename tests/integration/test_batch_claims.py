@@ -424,6 +424,38 @@ async def test_a_burst_whose_rows_stay_held_is_claimed_together_again_not_one_by
     assert len(await recorded(db)) == 20
 
 
+async def test_a_claim_under_way_when_shutdown_begins_is_sent_once_and_not_retried(
+    db: Database, backend: str
+) -> None:
+    """Shutdown's phase 1 lets claims under way finish (slotcron.service.shutdown): a burst's
+    chunk sent once the instance is closing still decides its slots; only its retries stop.
+    Chunks left unsent by a SIGTERM a few milliseconds after their slot left up to 75 slots of
+    the stopping member's share to the others, which claimed them past their grace (MISSED)."""
+    await register(db, ["a", "b", "c"])
+    clock = ManualClock(NOW)
+    claimer = Claimer(Collaborators(db=db, clock=clock, instance_id="me"), default_lease=60)
+    claimer.closing = True
+    decided = await claimer.claim_many([due("a"), due("b")], give_up_at=NEXT)
+    assert set(decided.claims) == {"a", "b"}
+    assert await recorded(db) == {
+        ("a", SLOT.isoformat()): ("RUNNING", None),
+        ("b", SLOT.isoformat()): ("RUNNING", None),
+    }
+    if backend == "sqlite":
+        return  # no row locks: a held row is the database-wide lock, waited for, not retried
+    held, release = asyncio.Event(), asyncio.Event()
+    holder = asyncio.create_task(hold_job_row(db, backend, held, release, name="c"))
+    await held.wait()
+    try:
+        batches = claimer.stats.batches
+        decided = await claimer.claim_many([due("c")], give_up_at=NEXT)
+        assert [item.job_name for item in decided.held] == ["c"] and not decided.claims
+        assert claimer.stats.batches == batches + 1, "a held row retried while closing"
+    finally:
+        release.set()
+        await holder
+
+
 async def test_outcomes_recorded_together_touch_only_this_instances_running_runs(
     db: Database,
 ) -> None:
