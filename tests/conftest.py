@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
 import os
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 from slotcron.config import Settings
@@ -22,6 +21,7 @@ from sqlalchemy import func, select
 
 from tests import backends, gc_pauses
 from tests.cluster.harness import Instance
+from tests.lanes import Lanes
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -110,65 +110,45 @@ FOLDER_MARKS = {"cluster": "cluster", "packaging": "packaging", "topology": "top
 
 _RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
 """Shared by the worker processes of one run (pytest-xdist), None without workers."""
+LANES = None if _RUN is None else Lanes(Path(tempfile.gettempdir()) / f"slotcron-tests-{_RUN}")
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's bound
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """A test marked ``alone`` (a bound on lateness or lag, a load test) runs while no other
-    test of the run does; the others share the time between. A readers-writer lock over the
-    workers (flock), with a turnstile so that a waiting ``alone`` test is not starved. The
-    ``alone`` tests come first in the collection (one worker's first share of it), and the lock
-    is kept from one to the next: the other workers wait once, not once each."""
-    global _KEPT
-    if _RUN is None:
+    """An ``alone`` test runs while no ordinary test does, an ``apart`` one beside the ``alone``
+    ones only (tests/lanes.py); the ordinary tests share the time between."""
+    if LANES is None:
         yield
         return
-    alone = _alone(item)
-    if _KEPT is not None and not alone:  # the next alone test went to another worker
-        _KEPT.close()
-        _KEPT = None
-    shared = _KEPT if alone and _KEPT is not None else _take(alone)
-    _KEPT = None
+    kind = _kind(item)
+    LANES.enter(kind)
     try:
         yield
     finally:
-        if alone and nextitem is not None and _alone(nextitem):
-            _KEPT = shared
-        else:
-            shared.close()  # closing the file releases its lock
+        LANES.leave(kind, None if nextitem is None else _kind(nextitem))
 
 
-_KEPT: IO[str] | None = None
-"""The lock file held exclusively between two ``alone`` tests run one after the other."""
-
-
-def _alone(item: pytest.Item) -> bool:
-    return item.get_closest_marker("alone") is not None
-
-
-def _take(alone: bool) -> IO[str]:
-    """The shared lock, exclusive for an ``alone`` test, taken through the turnstile."""
-    root = Path(tempfile.gettempdir()) / f"slotcron-tests-{_RUN}"
-    root.mkdir(exist_ok=True)
-    shared = (root / "shared").open("a")
-    with (root / "turnstile").open("a") as turnstile:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        fcntl.flock(shared, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-    return shared
+def _kind(item: pytest.Item) -> str | None:
+    for kind in ("alone", "apart"):
+        if item.get_closest_marker(kind) is not None:
+            return kind
+    return None
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     """``alone`` for a load test or a page driven in a real browser; the groups of tests that
     go to one worker together (``--dist loadgroup``): the ``alone`` tests, one after another,
-    holding the lock from one to the next; the packaging tests, which build in the source tree
-    (two at once collide there). Set as each test is collected, before any plugin reads the
+    holding the machine from one to the next; the ``apart`` tests, beside them on a second
+    worker (tests/lanes.py); the packaging tests, which build in the source tree (two at once
+    collide there). Set as each test is collected, before any plugin reads the
     groups (pytest-xdist names them in its own pass over the collection)."""
     if item.get_closest_marker("load") is not None or "chromium_path" in getattr(
         item, "fixturenames", ()
     ):
         item.add_marker(pytest.mark.alone)
-    if _alone(item):
-        item.add_marker(pytest.mark.xdist_group("alone"))
+    kind = _kind(item)
+    if kind is not None:
+        item.add_marker(pytest.mark.xdist_group(kind))
     elif _place(item)[1] == "packaging":
         item.add_marker(pytest.mark.xdist_group("packaging"))
 
@@ -202,12 +182,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _order(item: pytest.Item) -> int:
-    """Where a test comes in the run: the ``alone`` tests first (while the workers wait for
-    them anyway), then the longest kinds first so that none starts last and keeps the run
-    waiting for it: whole clusters and topologies (10-60 s), tests that start processes, the
-    rest. The README's command (``--dist loadgroup``, in pyproject.toml) gives the ``alone``
-    tests to one worker together and hands the others out one at a time, in this order."""
-    if _alone(item):
+    """Where a test comes in the run: the ``alone`` and ``apart`` tests first (while the
+    workers wait for them anyway), then the longest kinds first so that none starts last and
+    keeps the run waiting for it: whole clusters and topologies (10-60 s), tests that start
+    processes, the rest. The README's command (``--dist loadgroup``, in pyproject.toml) gives
+    the ``alone`` tests to one worker together, the ``apart`` ones to another, and hands the
+    others out one at a time, in this order."""
+    if _kind(item) is not None:
         return 0
     path, folder = _place(item)
     if folder in FOLDER_MARKS or "spawn" in getattr(item, "fixturenames", ()):

@@ -240,7 +240,7 @@ async def test_instances_killed_and_restarted_lose_no_slot_and_run_none_twice(
     )
 
 
-@pytest.mark.alone  # a bound on lateness (one lease): run while no other test loads the machine
+@pytest.mark.apart  # a bound on lateness (one lease), light itself: beside `alone` tests only
 async def test_a_run_killed_with_its_instance_is_abandoned_when_it_restarts_under_the_same_id(
     db: Database, spawn: Spawn, records_path: Path
 ) -> None:

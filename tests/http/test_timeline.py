@@ -274,7 +274,9 @@ async def test_an_execution_opens_by_id_in_the_history_shape(
 async def test_the_change_marker_moves_with_every_change_the_dashboard_shows_and_only_then(
     db: Database, serve: Any, client: aiohttp.ClientSession
 ) -> None:
-    service = await serve(list(timeline_jobs()))
+    # Yearly jobs only: t.hourly's slot at the top of an hour is a change (a row added), and it
+    # moved the marker of a run that straddled 12:00:00.
+    service = await serve([job for job in timeline_jobs() if job.name != "t.hourly"])
     url = f"{base_url(service)}/api/changes"
 
     async def marker() -> str:

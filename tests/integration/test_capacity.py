@@ -26,7 +26,7 @@ PERIOD = 10
 CAPACITY = 30
 
 
-@pytest.mark.alone  # a bound on lateness (each tick within its grace) beside a burst
+@pytest.mark.apart  # a bound on lateness (each tick within its grace) beside a burst; light
 async def test_a_burst_claimed_ahead_of_its_slot_costs_a_one_second_job_no_slot(
     db: Database, services: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:

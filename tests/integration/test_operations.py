@@ -570,7 +570,7 @@ async def test_a_manual_run_wakes_an_idle_instance_by_notification_on_postgresql
     assert waited < (1.5 if backend == "postgresql" else 2.0), f"started after {waited:.2f} s"
 
 
-@pytest.mark.alone  # a bound on lateness: run while no other test loads the machine
+@pytest.mark.apart  # a bound on lateness, light itself: beside the `alone` tests only
 @pytest.mark.parametrize("instances", [1, 2])
 async def test_a_manual_run_of_a_busy_forbid_job_starts_in_the_next_gap_between_its_runs(
     db: Database, backend: str, start_service: ServiceFactory, instances: int

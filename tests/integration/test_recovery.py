@@ -99,7 +99,7 @@ async def test_a_run_whose_instance_died_is_abandoned_and_retried_by_a_live_one(
     assert "ghost" in str(abandoned["error"]) and "lease" in str(abandoned["error"])
 
 
-@pytest.mark.alone  # a bound on lateness: run while no other test loads the machine
+@pytest.mark.apart  # a bound on lateness, light itself: beside the `alone` tests only
 async def test_one_leader_at_a_time_and_another_takes_over_within_one_lease(
     db: Database, start_service: ServiceFactory
 ) -> None:

@@ -27,7 +27,7 @@ async def rows(db: Database, job: str | None = None) -> list[dict[str, object]]:
         return [dict(r) for r in (await conn.execute(query)).mappings()]
 
 
-@pytest.mark.alone  # a bound on lateness: run while no other test loads the machine
+@pytest.mark.apart  # a bound on lateness, light itself: beside the `alone` tests only
 async def test_ten_jobs_due_together_start_together_at_their_slot(
     db: Database, start_service: ServiceFactory
 ) -> None:
