@@ -210,7 +210,14 @@ def test_skip_and_unskip_of_a_future_slot_and_what_they_refuse(live: Cli) -> Non
     assert "no longer skipped" in live.ok("unskip", "on-demand", "--at", NEW_YEAR).stdout
     again = live("unskip", "on-demand", "--at", NEW_YEAR)
     assert again.returncode == 1 and "is not skipped" in one_line(again.stderr), again
+    # A slot of tick is decided once a run of it, or of a later slot, is on record: the service
+    # may have started a moment ago (the module's first test on this worker) and claimed nothing.
     past = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=10)
+
+    def run_since() -> bool | None:
+        return any(utc(r["scheduled_at"]) >= past for r in history(live, "tick")) or None
+
+    poll(run_since, timeout=15, what=f"a run of tick at or after {past}", interval=0.2)
     decided = live("skip", "tick", "--at", past.isoformat())
     assert decided.returncode == 1 and "already decided" in one_line(decided.stderr), decided
 
