@@ -56,6 +56,27 @@ def by_package(snapshot: tracemalloc.Snapshot) -> Counter[str]:
     return sizes
 
 
+def by_site(snapshot: tracemalloc.Snapshot, prefix: str) -> Counter[str]:
+    """Python's allocations by the innermost frame in a package whose name starts with
+    ``prefix`` (``slotcron``: which line of ours keeps what); the rest under "elsewhere"."""
+    sizes: Counter[str] = Counter()
+    for stat in snapshot.statistics("traceback"):
+        ours = next(
+            (f for f in reversed(stat.traceback) if package(f.filename).startswith(prefix)), None
+        )
+        where = "elsewhere" if ours is None else f"{_short(ours.filename)}:{ours.lineno}"
+        sizes[where] += stat.size
+    return sizes
+
+
+def _short(filename: str) -> str:
+    parts = Path(filename).parts
+    for marker in ("slotcron", "bench"):
+        if marker in parts:
+            return "/".join(parts[len(parts) - parts[::-1].index(marker) - 1 :])
+    return filename
+
+
 def start(system: Slotcron, jobs: int, cron: str, env: dict[str, str], frames: int) -> Proc:
     """One instance, as :meth:`Slotcron.start` starts it; under tracemalloc when ``frames``."""
     if not frames:
@@ -82,7 +103,13 @@ def _instance_env(system: Slotcron, jobs: int, cron: str) -> dict[str, str]:
 
 
 def measure(
-    backend: str, jobs: int, cron: str, settle: float, frames: int, untraced: bool = True
+    backend: str,
+    jobs: int,
+    cron: str,
+    settle: float,
+    frames: int,
+    untraced: bool = True,
+    sites: int = 0,
 ) -> None:
     for traced in ((0,) if untraced else ()) + ((frames,) if frames else ()):
         with tempfile.TemporaryDirectory(prefix="slotcron-memory-") as tmp:
@@ -110,6 +137,11 @@ def measure(
                 print(f"traced ({frames} frames): {total / 2**20:.1f} MB allocated by Python")
                 for name, size in sizes.most_common(25):
                     print(f"  {size / 2**20:7.2f} MB  {name}")
+                if sites:
+                    print(f"the {sites} lines of slotcron that keep the most:")
+                    for where, size in by_site(snapshot, "slotcron").most_common(sites + 1):
+                        if where != "elsewhere":
+                            print(f"  {size / 2**20:7.2f} MB  {where}")
             finally:
                 system.stop_all()
                 backends.drop_database(backend, url)
@@ -124,9 +156,20 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=20.0)
     parser.add_argument("--frames", type=int, default=10, help="0: RSS only")
     parser.add_argument("--traced-only", action="store_true")
+    parser.add_argument(
+        "--sites", type=int, default=0, help="also the N lines of slotcron that keep the most"
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    measure(args.backend, args.jobs, args.cron, args.settle, args.frames, not args.traced_only)
+    measure(
+        args.backend,
+        args.jobs,
+        args.cron,
+        args.settle,
+        args.frames,
+        not args.traced_only,
+        args.sites,
+    )
 
 
 if __name__ == "__main__":

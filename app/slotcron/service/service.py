@@ -20,7 +20,7 @@ from slotcron.lifeline.outage import DB_ERRORS, Backoff, Outage, describe, refus
 from slotcron.lifeline.roles import Collaborators, Role, Stoppable
 from slotcron.observe import tracing
 from slotcron.observe.events import Hook
-from slotcron.service import assemble, startup
+from slotcron.service import assemble, memory, startup
 from slotcron.service.shutdown import Signals, shut_down
 from slotcron.status import InstanceState
 from slotcron.store import instance_ids, lifeline
@@ -275,6 +275,7 @@ class Service:
             len(self.jobs),
             self.settings.safe_url,
         )
+        memory.give_back()  # start-up's temporaries (slotcron.service.memory)
 
     async def _connect(self, stop: asyncio.Event | None, patient: bool) -> None:
         backoff = Backoff(first=0.5, cap=10.0)
