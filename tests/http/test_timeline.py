@@ -24,7 +24,15 @@ from tests.http.conftest import READ_TOKEN, TOKEN, auth, base_url
 
 YEARLY = "0 0 1 1 *"  # never due during a test: the rows are the test's own
 COMMA = "report,eu/daily"  # a comma and a slash: why `job` repeats instead of a list
-T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+T0 = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(days=1)
+"""The rows' first slot: a day back, well within the history's retention (a fixed date left it
+30 days later, and the leader's pruning may take the rows from under a test)."""
+NEXT_NEW_YEAR = f"{datetime.now(UTC).year + 1}-01-01T00:00:00Z"
+
+
+def at(seconds: float) -> str:
+    """``T0`` plus ``seconds``, as the API writes a slot."""
+    return (T0 + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def timeline_jobs() -> Registry:
@@ -120,15 +128,15 @@ async def test_one_request_gives_each_job_its_last_slots_newest_first_each_as_it
     alpha = by_job["t.alpha"]
     # The four newest slots; the retried slot once, as its second attempt.
     assert [(c["slot"], c["status"], c["attempt"]) for c in alpha["slots"]] == [
-        ("2026-11-01T12:04:00Z", "RUNNING", 1),
-        ("2026-11-01T12:03:00Z", "SKIPPED", 1),
-        ("2026-11-01T12:02:00Z", "MISSED", 1),
-        ("2026-11-01T12:01:00Z", "COMPLETED", 2),
+        (at(240), "RUNNING", 1),
+        (at(180), "SKIPPED", 1),
+        (at(120), "MISSED", 1),
+        (at(60), "COMPLETED", 2),
     ]
     retry_cell = alpha["slots"][3]
     assert retry_cell == {
         "id": retried,
-        "slot": "2026-11-01T12:01:00Z",
+        "slot": at(60),
         "status": "COMPLETED",
         "attempt": 2,
         "trigger": "retry",
@@ -141,7 +149,7 @@ async def test_one_request_gives_each_job_its_last_slots_newest_first_each_as_it
     assert alpha["slots"][0]["duration_ms"] is None
     assert alpha["slots"][2]["lag_ms"] is None  # a MISSED slot never started
     assert alpha["known"] is True and alpha["paused"] is False
-    assert alpha["next_slots"] == ["2027-01-01T00:00:00Z"]  # the job row's next slot
+    assert alpha["next_slots"] == [NEXT_NEW_YEAR]  # the job row's next slot
 
     assert [(c["status"], c["instance_id"]) for c in by_job[COMMA]["slots"]] == [
         ("ABANDONED", "inst-b")
@@ -211,7 +219,7 @@ async def test_a_timeline_request_costs_one_bounded_query_per_job_whatever_the_h
         event.remove(engine, "before_cursor_execute", seen)
     assert status == 200, body
     assert len(body["timelines"][0]["slots"]) == 100
-    assert body["timelines"][0]["slots"][0]["slot"] == "2026-11-01T12:09:59Z"
+    assert body["timelines"][0]["slots"][0]["slot"] == at(599)
     assert len(statements) == 3, statements
     assert all("LIMIT" in s.upper() for s in statements)
 
