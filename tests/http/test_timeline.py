@@ -16,6 +16,7 @@ from slotcron.jobs.registry import Registry, cron, every
 from slotcron.service.service import Service
 from slotcron.store.database import Database
 from slotcron.store.tables import executions, jobs
+from slotcron.text import iso
 from sqlalchemy import event, insert, update
 from yarl import URL
 
@@ -27,12 +28,12 @@ COMMA = "report,eu/daily"  # a comma and a slash: why `job` repeats instead of a
 T0 = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(days=1)
 """The rows' first slot: a day back, well within the history's retention (a fixed date left it
 30 days later, and the leader's pruning may take the rows from under a test)."""
-NEXT_NEW_YEAR = f"{datetime.now(UTC).year + 1}-01-01T00:00:00Z"
+NEXT_NEW_YEAR = iso(datetime(datetime.now(UTC).year + 1, 1, 1, tzinfo=UTC))
 
 
 def at(seconds: float) -> str:
     """``T0`` plus ``seconds``, as the API writes a slot."""
-    return (T0 + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return iso(T0 + timedelta(seconds=seconds))
 
 
 def timeline_jobs() -> Registry:
