@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from slotcron.jobs.checks import MAX_JSON_DEPTH, json_problem
-from slotcron.store import registrations, runs
+from slotcron.store import late_claims, registrations, runs
 from slotcron.store.claims import RunKey
 from slotcron.store.database import Database
 from slotcron.store.runs import IncarnationLost
@@ -144,27 +144,30 @@ async def test_stop_all_records_this_instances_listed_runs_stopped(db: Database)
     ]
 
 
-async def test_claimed_late_makes_a_run_catchup_or_records_it_missed(db: Database) -> None:
+async def test_claimed_late_makes_runs_catchups_or_records_them_missed(db: Database) -> None:
     catchup, missed = await add_run(db, "catchup"), await add_run(db, "missed", start_key="k")
-    assert not await runs.claimed_late(
-        db, run=key(catchup, "catchup"), instance_id="b", now=LATER, missed_reason=None
-    )
-    assert await runs.claimed_late(
-        db, run=key(catchup, "catchup"), instance_id="a", now=LATER, missed_reason=None
-    )
-    assert await runs.claimed_late(
-        db, run=key(missed, "missed"), instance_id="a", now=LATER, missed_reason="too late"
-    )
+    other = await add_run(db, "other")
+    late = [(key(catchup, "catchup"), None), (key(missed, "missed"), "too late")]
+    assert await late_claims.claimed_late(db, late, instance_id="b", now=LATER) == set()
+    late.append((key(other, "other"), "too late"))
+    assert await late_claims.claimed_late(db, late, instance_id="a", now=LATER) == {
+        catchup,
+        missed,
+        other,
+    }
     row = await run_row(db, catchup)
     assert (row["status"], row["trigger"], row["started_at"]) == ("RUNNING", "catchup", NOW)
-    row = await run_row(db, missed)
-    assert (row["status"], row["error"], row["started_at"], row["start_key"]) == (
-        "MISSED",
-        "too late",
-        None,
-        None,
-    )
-    assert (row["finished_at"], row["lease_until"]) == (LATER, LATER)
+    for execution_id in (missed, other):
+        row = await run_row(db, execution_id)
+        assert (row["status"], row["error"], row["started_at"], row["start_key"]) == (
+            "MISSED",
+            "too late",
+            None,
+            None,
+        )
+        assert (row["finished_at"], row["lease_until"]) == (LATER, LATER)
+    # Decided once: a second write finds them no longer RUNNING (the catch-up still is).
+    assert await late_claims.claimed_late(db, late, instance_id="a", now=LATER) == {catchup}
 
 
 async def add_instance(db: Database, instance: str = "a", incarnation: str | None = None) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Unpack
 from slotcron.clock import Clock
 from slotcron.engine.claims import ClaimAsk, Claimer
 from slotcron.engine.late import LateSlots
+from slotcron.engine.late_claims import NO_CAPACITY, LateClaims
 from slotcron.engine.permits import Permits
 from slotcron.engine.runner import Runner
 from slotcron.errors import SlotsUndecided
@@ -26,7 +27,6 @@ from slotcron.jobs.registry import Job
 from slotcron.lifeline.outage import DB_ERRORS
 from slotcron.schedule.slots import Schedule
 from slotcron.status import Status, Trigger
-from slotcron.store import runs as run_store
 from slotcron.store.claims import Claim
 
 log = logging.getLogger("slotcron.scheduler")
@@ -51,6 +51,7 @@ class Firing(LateSlots):
         self.permits = permits
         self._tasks: set[asyncio.Task[Any]] = set()
         self._claiming: set[asyncio.Task[None]] = set()
+        self.late = LateClaims(claimer.db, clock, claimer.instance_id)
 
     def spawn(self, coro: Coroutine[Any, Any, None], job: Job | None) -> None:
         """Run ``coro`` (a claim and what follows it) in a task that shutdown waits for while
@@ -134,21 +135,8 @@ class Firing(LateSlots):
         reason = None
         if job.misfire == "skip":
             reason = misfire.missed_reason(job, claim.scheduled_at, now)
-        log.warning(
-            "%s slot %s was claimed %.1f s after its time, past its grace: %s",
-            job.name,
-            claim.scheduled_at.isoformat(),
-            (now - claim.scheduled_at).total_seconds(),
-            "recorded MISSED" if reason else "run as a catch-up",
-        )
         try:
-            ours = await run_store.claimed_late(
-                self.claimer.db,
-                run=claim.key,
-                instance_id=self.claimer.instance_id,
-                now=now,
-                missed_reason=reason,
-            )
+            ours = await self.late.decide(claim, reason)
         except DB_ERRORS as exc:
             # Not started, not renewed: its lease lapses and the leader records it ABANDONED.
             self.claimer.outage.failed(exc, f"recording late claim {claim.execution_id}")
@@ -221,15 +209,8 @@ class Firing(LateSlots):
             f"no capacity: {self.permits.run.capacity} runs (SCHEDULER_MAX_CONCURRENCY) were "
             f"in flight on instance {self.claimer.instance_id} until the slot's grace ended"
         )
-        log.warning("%s slot %s MISSED: %s", job.name, claim.scheduled_at.isoformat(), reason)
         try:
-            if await run_store.claimed_late(
-                self.claimer.db,
-                run=claim.key,
-                instance_id=self.claimer.instance_id,
-                now=self.clock.now(),
-                missed_reason=reason,
-            ):
+            if await self.late.decide(claim, reason, NO_CAPACITY):
                 self._late_missed(claim, reason)
         except DB_ERRORS as exc:
             # Not started, not renewed: its lease lapses and the leader decides it.

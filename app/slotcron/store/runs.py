@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import Text, bindparam, false, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from slotcron.status import Status, Trigger
+from slotcron.status import Status
 from slotcron.store import markers
 from slotcron.store.claims import RunKey
 from slotcron.store.counted import count_completed
@@ -248,29 +248,6 @@ async def stop_all(
             run_keys(db.dialect, "p_runs", keys),
         )
     return int(result.rowcount)
-
-
-async def claimed_late(
-    db: Database, *, run: RunKey, instance_id: str, now: datetime, missed_reason: str | None
-) -> bool:
-    """A run whose claim committed past its slot's grace is not started as if on time: with
-    ``missed_reason`` it is recorded MISSED (its lease released), else it becomes a ``catchup``
-    run. False when the record was no longer ours."""
-    values: dict[str, Any] = {"trigger": Trigger.CATCHUP}
-    if missed_reason is not None:
-        values = {
-            "status": Status.MISSED,
-            "started_at": None,
-            "start_key": None,  # never started: no chunk's marker is its start
-            "finished_at": now,
-            "error": missed_reason,
-            "lease_until": now,
-        }
-    async with db.transaction() as conn:
-        result = await conn.execute(
-            update(executions).where(_mine(run, instance_id)).values(**values)
-        )
-    return result.rowcount == 1
 
 
 async def save_state(

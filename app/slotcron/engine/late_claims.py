@@ -1,0 +1,120 @@
+"""Late claims decided together: an instance that falls behind does not fall further behind.
+
+A claim that committed past its slot's grace, or a run claimed ahead that found no capacity
+before its grace ended, is not started as if on time
+(:meth:`slotcron.engine.firing.Firing.on_time`).
+Decided one transaction and one log line each, thousands of them a second were most of what an
+overloaded instance did (the more it fell behind, the more it had to write): the loop was the
+bottleneck, and every late claim made it more so. Here the claims found late while a write is
+under way are written together by the next one (:func:`slotcron.store.late_claims.claimed_late`,
+one UPDATE per reason), and each write says in one line how many it decided and how late.
+
+A write is made in a task of its own: a caller cancelled while waiting cancels only its wait.
+A database error reaches every caller of that write, each of which handles it as before (its
+run not started, its lease left to lapse: the leader decides it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime
+
+from slotcron.clock import Clock
+from slotcron.store import late_claims as late_store
+from slotcron.store.claims import Claim
+from slotcron.store.database import Database
+
+log = logging.getLogger("slotcron.scheduler")
+
+BATCH_LIMIT = 1000
+SAID_ONE_BY_ONE = 5
+"""Late claims in one write past which they are said in one line, not a line each."""
+
+LATE = "claimed late"
+"""A claim that committed past its slot's grace."""
+NO_CAPACITY = "no capacity"
+"""A run claimed ahead that found no run permit free before its slot's grace ended."""
+
+_Pending = tuple[Claim, str | None, str, "asyncio.Future[bool]"]
+
+
+class LateClaims:
+    """The late-claim writer of one instance."""
+
+    def __init__(self, db: Database, clock: Clock, instance_id: str) -> None:
+        self.db = db
+        self.clock = clock
+        self.instance_id = instance_id
+        self._pending: list[_Pending] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def decide(self, claim: Claim, missed_reason: str | None, kind: str = LATE) -> bool:
+        """Record ``claim`` MISSED with ``missed_reason``, or make it a ``catchup`` run without
+        one; ``kind`` (:data:`LATE`, :data:`NO_CAPACITY`) says how it came to be, for the log.
+        False when the record was no longer ours. Raises what the database raised."""
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pending.append((claim, missed_reason, kind, done))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_all(), name="slotcron-late-claims")
+        return await done  # a cancelled waiter cancels only its own wait
+
+    async def _write_all(self) -> None:
+        await asyncio.sleep(0)  # the claims found late in the same turn of the loop join in
+        while self._pending:
+            batch = self._pending[:BATCH_LIMIT]
+            del self._pending[:BATCH_LIMIT]
+            now = self.clock.now()
+            try:
+                ours = await late_store.claimed_late(
+                    self.db,
+                    [(claim.key, reason) for claim, reason, _, _ in batch],
+                    instance_id=self.instance_id,
+                    now=now,
+                )
+            except BaseException as exc:
+                for *_, done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for kind in {kind for _, _, kind, _ in batch}:
+                _say([p for p in batch if p[2] == kind], now, kind)
+            for claim, _, _, done in batch:
+                if not done.done():
+                    done.set_result(claim.execution_id in ours)
+
+
+def _say(batch: list[_Pending], now: datetime, kind: str) -> None:
+    if len(batch) <= SAID_ONE_BY_ONE:
+        for claim, reason, _, _ in batch:
+            if kind == NO_CAPACITY:
+                log.warning(
+                    "%s slot %s MISSED: %s", claim.job_name, claim.scheduled_at.isoformat(), reason
+                )
+                continue
+            log.warning(
+                "%s slot %s was claimed %.1f s after its time, past its grace: %s",
+                claim.job_name,
+                claim.scheduled_at.isoformat(),
+                (now - claim.scheduled_at).total_seconds(),
+                "recorded MISSED" if reason else "run as a catch-up",
+            )
+        return
+    jobs = len({claim.job_name for claim, _, _, _ in batch})
+    if kind == NO_CAPACITY:
+        log.warning("%d slots of %d jobs MISSED: %s", len(batch), jobs, batch[0][1])
+        return
+    lateness = [(now - claim.scheduled_at).total_seconds() for claim, _, _, _ in batch]
+    missed = sum(1 for _, reason, _, _ in batch if reason is not None)
+    log.warning(
+        "%d slots of %d jobs were claimed %.1f-%.1f s after their time, past their grace: "
+        "%d recorded MISSED, %d run as catch-ups (`slotcron history` lists each)",
+        len(batch),
+        jobs,
+        min(lateness),
+        max(lateness),
+        missed,
+        len(batch) - missed,
+    )
