@@ -80,13 +80,16 @@ class LateClaims:
                     raise
                 continue
             for kind in {kind for _, _, kind, _ in batch}:
-                _say([p for p in batch if p[2] == kind], now, kind)
+                _say([p for p in batch if p[2] == kind and p[0].execution_id in ours], now, kind)
             for claim, _, _, done in batch:
                 if not done.done():
                     done.set_result(claim.execution_id in ours)
 
 
 def _say(batch: list[_Pending], now: datetime, kind: str) -> None:
+    """Say what was decided (a claim no longer ours is the fencing's to say)."""
+    if not batch:
+        return
     if len(batch) <= SAID_ONE_BY_ONE:
         for claim, reason, _, _ in batch:
             if kind == NO_CAPACITY:
