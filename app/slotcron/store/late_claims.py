@@ -12,52 +12,34 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-from sqlalchemy import Text, bindparam, select, update
+from sqlalchemy import Text, bindparam
 
 from slotcron.status import Status, Trigger
 from slotcron.store.claims import RunKey
 from slotcron.store.database import Database
 from slotcron.store.dialects import Dialect
-from slotcron.store.runs import run_keys, runs_among
-from slotcron.store.tables import UTCDateTime, executions, guard
-
-
-@dataclass(frozen=True)
-class _Late:
-    """The statements for one dialect and one outcome (recorded MISSED, or made a catch-up)."""
-
-    lock_mine: Any
-    write: Any
-    write_returning: Any
+from slotcron.store.runs import OursUpdate, ours_update, run_keys
+from slotcron.store.tables import UTCDateTime
 
 
 @functools.cache
-def _late(dialect: Dialect, missed: bool) -> _Late:
-    mine = (
-        runs_among(dialect, "p_runs"),
-        guard(executions.c.status) == "RUNNING",
-        guard(executions.c.instance_id) == bindparam("p_instance"),
-    )
-    values: dict[str, Any] = {"trigger": Trigger.CATCHUP.value}
-    if missed:
-        now = bindparam("p_now", type_=UTCDateTime())
-        values = {
+def _late(dialect: Dialect, missed: bool) -> OursUpdate:
+    """The statement that records late claims MISSED, or makes them catch-ups."""
+    if not missed:
+        return ours_update(dialect, {"trigger": Trigger.CATCHUP.value})
+    now = bindparam("p_now", type_=UTCDateTime())
+    return ours_update(
+        dialect,
+        {
             "status": Status.MISSED.value,
             "started_at": None,
             "start_key": None,  # never started: no chunk's marker is its start
             "finished_at": now,
             "error": bindparam("p_error", type_=Text()),
             "lease_until": now,
-        }
-    ids = dialect.among(executions.c.id, "p_ids", executions.c.id.type)
-    return _Late(
-        lock_mine=select(executions.c.id).where(*mine).with_for_update(),
-        write=update(executions).where(ids).values(**values),
-        write_returning=update(executions).where(*mine).values(**values).returning(executions.c.id),
+        },
     )
 
 
@@ -81,12 +63,5 @@ async def claimed_late(
             params = {**run_keys(db.dialect, "p_runs", keys), "p_instance": instance_id}
             if reason is not None:
                 params.update(p_error=reason, p_now=now)
-            if db.dialect.update_returning:
-                decided.update((await conn.execute(sql.write_returning, params)).scalars())
-                continue
-            # MariaDB/MySQL (no UPDATE ... RETURNING): lock and read which are still ours.
-            ours = list((await conn.execute(sql.lock_mine, params)).scalars())
-            if ours:
-                await conn.execute(sql.write, {**params, "p_ids": ours})
-                decided.update(ours)
+            decided.update(await sql.apply(conn, db.dialect, params))
     return decided

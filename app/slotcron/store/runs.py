@@ -129,35 +129,56 @@ async def finish(
 
 
 @dataclass(frozen=True)
-class _Finish:
-    """:func:`finish_many`'s statements for one dialect: the runs are bound by key."""
+class OursUpdate:
+    """An UPDATE of many runs bound by key (``p_runs``), made only to those still ours
+    (``RUNNING`` on ``p_instance``): with RETURNING where the dialect has it, else a locking
+    read of which are still ours and an update of those by id (MariaDB/MySQL)."""
 
     lock_mine: Any
     write: Any
     write_returning: Any
 
+    async def apply(
+        self, conn: AsyncConnection, dialect: Dialect, params: dict[str, Any]
+    ) -> list[int]:
+        """Run it with ``params``; return the ids of the runs updated."""
+        if dialect.update_returning:
+            return list((await conn.execute(self.write_returning, params)).scalars())
+        ours = list((await conn.execute(self.lock_mine, params)).scalars())
+        if ours:
+            await conn.execute(self.write, {**params, "p_ids": ours})
+        return ours
 
-@functools.cache
-def _finish(dialect: Dialect) -> _Finish:
+
+def ours_update(dialect: Dialect, values: dict[str, Any]) -> OursUpdate:
+    """The statements of an :class:`OursUpdate` setting ``values``."""
     ids = dialect.among(executions.c.id, "p_ids", executions.c.id.type)
     mine = (
         runs_among(dialect, "p_runs"),
         guard(executions.c.status) == "RUNNING",
         guard(executions.c.instance_id) == bindparam("p_instance"),
     )
-    now = bindparam("p_now", type_=UTCDateTime())
-    values = {
-        "status": bindparam("p_status"),
-        "error": bindparam("p_error", type_=Text()),
-        "finished_at": now,
-        "lease_until": now,
-        # A run claimed ahead in a chunk: its start, held by the chunk's marker until now.
-        "started_at": markers.started_at(),
-    }
-    return _Finish(
+    return OursUpdate(
         lock_mine=select(executions.c.id).where(*mine).with_for_update(),
         write=update(executions).where(ids).values(**values),
         write_returning=update(executions).where(*mine).values(**values).returning(executions.c.id),
+    )
+
+
+@functools.cache
+def _finish(dialect: Dialect) -> OursUpdate:
+    """:func:`finish_many`'s statement for one dialect."""
+    now = bindparam("p_now", type_=UTCDateTime())
+    return ours_update(
+        dialect,
+        {
+            "status": bindparam("p_status"),
+            "error": bindparam("p_error", type_=Text()),
+            "finished_at": now,
+            "lease_until": now,
+            # A run claimed ahead in a chunk: its start, held by the chunk's marker until now.
+            "started_at": markers.started_at(),
+        },
     )
 
 
@@ -177,7 +198,6 @@ async def finish_many(
         groups.setdefault((status, storable_error(error)), []).append(run)
     recorded: set[int] = set()
     sql = _finish(db.dialect)
-    returning = db.dialect.update_returning
     async with db.transaction() as conn:
         for (status, error), runs in groups.items():
             params = {
@@ -187,14 +207,7 @@ async def finish_many(
                 "p_error": error,
                 "p_now": now,
             }
-            if returning:
-                recorded.update((await conn.execute(sql.write_returning, params)).scalars())
-                continue
-            # MariaDB/MySQL (no UPDATE ... RETURNING): lock and read which are still ours.
-            ours = list((await conn.execute(sql.lock_mine, params)).scalars())
-            if ours:
-                await conn.execute(sql.write, {**params, "p_ids": ours})
-                recorded.update(ours)
+            recorded.update(await sql.apply(conn, db.dialect, params))
         if counted:
             done = [
                 run[1]
