@@ -133,3 +133,20 @@ async def test_a_cancelled_waiter_cancels_only_its_own_wait(db: Database) -> Non
     assert await other
     for execution_id in (first, second):  # the write was made for both
         assert (await run_row(db, execution_id))["status"] == "MISSED"
+
+
+async def test_a_writer_cancelled_fails_every_claim_waiting_none_is_left_hanging(
+    db: Database,
+) -> None:
+    first, second = await add_run(db, "first"), await add_run(db, "second")
+    late = LateClaims(db, ManualClock(LATER), "a")
+    waiting = [
+        asyncio.create_task(late.decide(claim(first, "first"), "too late")),
+        asyncio.create_task(late.decide(claim(second, "second"), "too late")),
+    ]
+    await asyncio.sleep(0)
+    assert late._writer is not None
+    late._writer.cancel()
+    done, pending = await asyncio.wait(waiting, timeout=5)
+    assert not pending
+    assert all(t.cancelled() for t in done)  # what shutdown would do to them anyway

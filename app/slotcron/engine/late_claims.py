@@ -57,33 +57,50 @@ class LateClaims:
         self._pending.append((claim, missed_reason, kind, done))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_all(), name="slotcron-late-claims")
+            self._writer.add_done_callback(self._ended)
         return await done  # a cancelled waiter cancels only its own wait
 
     async def _write_all(self) -> None:
-        await asyncio.sleep(0)  # the claims found late in the same turn of the loop join in
-        while self._pending:
-            batch = self._pending[:BATCH_LIMIT]
-            del self._pending[:BATCH_LIMIT]
-            now = self.clock.now()
-            try:
-                ours = await late_store.claimed_late(
-                    self.db,
-                    [(claim.key, reason) for claim, reason, _, _ in batch],
-                    instance_id=self.instance_id,
-                    now=now,
-                )
-            except BaseException as exc:
-                for *_, done in batch:
-                    if not done.done():
-                        done.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    raise
-                continue
-            for kind in {kind for _, _, kind, _ in batch}:
-                _say([p for p in batch if p[2] == kind and p[0].execution_id in ours], now, kind)
-            for claim, _, _, done in batch:
-                if not done.done():
-                    done.set_result(claim.execution_id in ours)
+        batch: list[_Pending] = []
+        try:
+            await asyncio.sleep(0)  # the claims found late in the same turn of the loop join in
+            while self._pending:
+                batch = self._pending[:BATCH_LIMIT]
+                del self._pending[:BATCH_LIMIT]
+                try:
+                    await self._write(batch)
+                except Exception as exc:
+                    _fail(batch, exc)
+        except BaseException as exc:  # cancelled: the claims of this write (the others: _ended)
+            _fail(batch, exc)
+            raise
+
+    def _ended(self, writer: asyncio.Task[None]) -> None:
+        """A writer cancelled (at shutdown, before it began or within a write) makes no write
+        for the claims still waiting: they are failed, not left waiting for good."""
+        if writer.cancelled() and writer is self._writer:
+            _fail(self._pending, asyncio.CancelledError())
+            self._pending.clear()
+
+    async def _write(self, batch: list[_Pending]) -> None:
+        now = self.clock.now()
+        ours = await late_store.claimed_late(
+            self.db,
+            [(claim.key, reason) for claim, reason, _, _ in batch],
+            instance_id=self.instance_id,
+            now=now,
+        )
+        for kind in {kind for _, _, kind, _ in batch}:
+            _say([p for p in batch if p[2] == kind and p[0].execution_id in ours], now, kind)
+        for claim, _, _, done in batch:
+            if not done.done():
+                done.set_result(claim.execution_id in ours)
+
+
+def _fail(batch: list[_Pending], exc: BaseException) -> None:
+    for *_, done in batch:
+        if not done.done():
+            done.set_exception(exc)
 
 
 def _say(batch: list[_Pending], now: datetime, kind: str) -> None:
