@@ -57,13 +57,6 @@ or was dropped): meanwhile a look that finds it open (its claim not committed ye
 for a lease its live owner's run holds) leaves it. A claim that gave up is not lost either way:
 the next slot's claim finds it undecided and decides it by the misfire policy."""
 REMEMBERED = 50_000
-SETTLING_SECONDS = 2.0
-"""How long after its start an instance waits before its first look. It has just joined: the
-members have not read it yet, and slots are late then because members are deciding a start-up's
-backlog or planning their new shares, not because they are dead. Three instances started
-together at 5,000 jobs a second took over 1,000-1,900 slots each in their first second, every one
-claimed by two, and lost slots for 8 s; with this wait, 4 s. A dead member's slots wait this much
-longer only when no member older than this one is alive to take them over."""
 
 
 class Takeover(Role):
@@ -83,7 +76,6 @@ class Takeover(Role):
         self._logged_at: datetime | None = None
 
     async def run(self) -> None:
-        await self.clock.sleep(SETTLING_SECONDS)
         while True:
             if self.shares.alone:
                 await self.clock.sleep(ALONE_SECONDS)
