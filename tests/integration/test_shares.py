@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 from slotcron import JobContext, cron
+from slotcron.engine import takeover
 from slotcron.engine.shares import owner
 from slotcron.jobs.registry import Registry, task
 from slotcron.service.service import Service
@@ -156,6 +157,31 @@ async def test_an_owner_that_stops_has_its_slots_taken_over_within_its_grace(
     assert_each_ran_once(ran, after, "was not taken over")
     assert b.takeover.taken > 0
     assert {instance for _, slot, instance in ran if slot in after} == {"share-b"}
+
+
+async def test_a_member_behind_takes_nothing_over_until_it_has_caught_up(
+    start_service: ServiceFactory,
+) -> None:
+    ran: Ran = []
+    a, b = await sharing_pair(start_service, ran)
+    behind_until = [0.0]
+
+    def keep_behind() -> bool:  # b decides a slot of its own late every look, for 3 s
+        if b.clock.now().timestamp() < behind_until[0]:
+            b.planner.firing.late.note()
+        return False
+
+    await a.planner.stop()
+    behind_until[0] = b.clock.now().timestamp() + 3.0
+    b.planner.firing.late.note()
+    with pytest.raises(AssertionError):  # nothing taken over while behind (3 s)
+        await wait_for(lambda: keep_behind() or b.takeover.taken > 0, timeout=2.5, what="held")
+    assert b.takeover.taken == 0
+    # Caught up (2 s after its last late slot): a's slots are taken over again.
+    await wait_for(lambda: b.takeover.taken > 0, timeout=10, what="b to take over")
+    assert b.clock.now().timestamp() >= behind_until[0] + takeover.BEHIND.total_seconds() - 0.5
+    counts = Counter((job, slot) for job, slot, _ in ran)
+    assert not [k for k, n in counts.items() if n > 1], "a slot ran twice"
 
 
 def every_second_task(ran: Ran) -> Registry:

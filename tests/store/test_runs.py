@@ -382,3 +382,16 @@ def test_an_error_text_is_made_storable_once_and_for_all() -> None:
     assert cut is not None and cut.endswith("a\\x00") and "characters left out" in cut
     assert runs.storable_error(cut) == cut
     assert runs.storable_error(None) is None
+
+
+async def test_an_update_of_our_runs_changes_only_those_still_ours(db: Database) -> None:
+    ours, theirs = await add_run(db, "ours"), await add_run(db, "theirs", instance="b")
+    sql = runs.ours_update(db.dialect, {"error": "noted"})
+    params = {
+        **runs.run_keys(db.dialect, "p_runs", [key(ours, "ours"), key(theirs, "theirs")]),
+        "p_instance": "a",
+    }
+    async with db.transaction() as conn:
+        assert await sql.apply(conn, db.dialect, params) == [ours]
+    assert (await run_row(db, ours))["error"] == "noted"
+    assert (await run_row(db, theirs))["error"] is None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from slotcron.clock import Clock
 from slotcron.store import late_claims as late_store
@@ -48,11 +48,23 @@ class LateClaims:
         self.instance_id = instance_id
         self._pending: list[_Pending] = []
         self._writer: asyncio.Task[None] | None = None
+        self._late_at: datetime | None = None
+
+    def note(self) -> None:
+        """This instance decided a slot of its own late (here, or in a batch of late slots)."""
+        self._late_at = self.clock.now()
+
+    def behind(self, within: timedelta) -> bool:
+        """Whether this instance decided a slot late within ``within``: it is behind, and
+        taking over another member's slots would put it further behind
+        (:mod:`slotcron.engine.takeover`)."""
+        return self._late_at is not None and self.clock.now() - self._late_at < within
 
     async def decide(self, claim: Claim, missed_reason: str | None, kind: str = LATE) -> bool:
         """Record ``claim`` MISSED with ``missed_reason``, or make it a ``catchup`` run without
         one; ``kind`` (:data:`LATE`, :data:`NO_CAPACITY`) says how it came to be, for the log.
         False when the record was no longer ours. Raises what the database raised."""
+        self.note()
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pending.append((claim, missed_reason, kind, done))
         if self._writer is None or self._writer.done():

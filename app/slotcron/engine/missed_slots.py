@@ -29,6 +29,7 @@ async def miss_together(
         await record(firing, [(job, late) for job, late, _ in missed], now, batch_size)
         count = sum(len(late) for _, late, _ in missed)
         if count:
+            firing.late.note()
             log.warning(
                 "%d slots of %d jobs reached past their grace: recorded MISSED (misfire='skip')",
                 count,
