@@ -392,6 +392,6 @@ async def test_an_update_of_our_runs_changes_only_those_still_ours(db: Database)
         "p_instance": "a",
     }
     async with db.transaction() as conn:
-        assert await sql.apply(conn, db.dialect, params) == [ours]
+        assert await sql.apply(conn, params) == [ours]
     assert (await run_row(db, ours))["error"] == "noted"
     assert (await run_row(db, theirs))["error"] is None

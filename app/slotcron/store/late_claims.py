@@ -63,5 +63,5 @@ async def claimed_late(
             params = {**run_keys(db.dialect, "p_runs", keys), "p_instance": instance_id}
             if reason is not None:
                 params.update(p_error=reason, p_now=now)
-            decided.update(await sql.apply(conn, db.dialect, params))
+            decided.update(await sql.apply(conn, params))
     return decided

@@ -137,12 +137,12 @@ class OursUpdate:
     lock_mine: Any
     write: Any
     write_returning: Any
+    returning: bool
+    """Whether the dialect it was built for has ``UPDATE ... RETURNING``."""
 
-    async def apply(
-        self, conn: AsyncConnection, dialect: Dialect, params: dict[str, Any]
-    ) -> list[int]:
+    async def apply(self, conn: AsyncConnection, params: dict[str, Any]) -> list[int]:
         """Run it with ``params``; return the ids of the runs updated."""
-        if dialect.update_returning:
+        if self.returning:
             return list((await conn.execute(self.write_returning, params)).scalars())
         ours = list((await conn.execute(self.lock_mine, params)).scalars())
         if ours:
@@ -162,6 +162,7 @@ def ours_update(dialect: Dialect, values: dict[str, Any]) -> OursUpdate:
         lock_mine=select(executions.c.id).where(*mine).with_for_update(),
         write=update(executions).where(ids).values(**values),
         write_returning=update(executions).where(*mine).values(**values).returning(executions.c.id),
+        returning=dialect.update_returning,
     )
 
 
@@ -207,7 +208,7 @@ async def finish_many(
                 "p_error": error,
                 "p_now": now,
             }
-            recorded.update(await sql.apply(conn, db.dialect, params))
+            recorded.update(await sql.apply(conn, params))
         if counted:
             done = [
                 run[1]
@@ -229,7 +230,7 @@ async def rehearse(conn: AsyncConnection, dialect: Dialect) -> None:
         "p_error": None,
         "p_now": datetime(2000, 1, 1, tzinfo=UTC),
     }
-    if dialect.update_returning:
+    if sql.returning:
         await conn.execute(sql.write_returning, params)
     else:
         await conn.execute(sql.lock_mine, params)
