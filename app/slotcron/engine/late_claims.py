@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from slotcron.clock import Clock
 from slotcron.store import late_claims as late_store
@@ -36,7 +37,13 @@ LATE = "claimed late"
 NO_CAPACITY = "no capacity"
 """A run claimed ahead that found no run permit free before its slot's grace ended."""
 
-_Pending = tuple[Claim, str | None, str, "asyncio.Future[bool]"]
+
+class _Pending(NamedTuple):
+    claim: Claim
+    reason: str | None
+    """Recorded MISSED with this reason; None: made a catch-up."""
+    kind: str
+    done: asyncio.Future[bool]
 
 
 class LateClaims:
@@ -66,7 +73,7 @@ class LateClaims:
         False when the record was no longer ours. Raises what the database raised."""
         self.note()
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._pending.append((claim, missed_reason, kind, done))
+        self._pending.append(_Pending(claim, missed_reason, kind, done))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_all(), name="slotcron-late-claims")
             self._writer.add_done_callback(self._ended)
@@ -98,21 +105,21 @@ class LateClaims:
         now = self.clock.now()
         ours = await late_store.claimed_late(
             self.db,
-            [(claim.key, reason) for claim, reason, _, _ in batch],
+            [(p.claim.key, p.reason) for p in batch],
             instance_id=self.instance_id,
             now=now,
         )
-        for kind in {kind for _, _, kind, _ in batch}:
-            _say([p for p in batch if p[2] == kind and p[0].execution_id in ours], now, kind)
-        for claim, _, _, done in batch:
-            if not done.done():
-                done.set_result(claim.execution_id in ours)
+        for kind in {p.kind for p in batch}:
+            _say([p for p in batch if p.kind == kind and p.claim.execution_id in ours], now, kind)
+        for p in batch:
+            if not p.done.done():
+                p.done.set_result(p.claim.execution_id in ours)
 
 
 def _fail(batch: list[_Pending], exc: BaseException) -> None:
-    for *_, done in batch:
-        if not done.done():
-            done.set_exception(exc)
+    for p in batch:
+        if not p.done.done():
+            p.done.set_exception(exc)
 
 
 def _say(batch: list[_Pending], now: datetime, kind: str) -> None:
@@ -134,12 +141,12 @@ def _say(batch: list[_Pending], now: datetime, kind: str) -> None:
                 "recorded MISSED" if reason else "run as a catch-up",
             )
         return
-    jobs = len({claim.job_name for claim, _, _, _ in batch})
+    jobs = len({p.claim.job_name for p in batch})
     if kind == NO_CAPACITY:
-        log.warning("%d slots of %d jobs MISSED: %s", len(batch), jobs, batch[0][1])
+        log.warning("%d slots of %d jobs MISSED: %s", len(batch), jobs, batch[0].reason)
         return
-    lateness = [(now - claim.scheduled_at).total_seconds() for claim, _, _, _ in batch]
-    missed = sum(1 for _, reason, _, _ in batch if reason is not None)
+    lateness = [(now - p.claim.scheduled_at).total_seconds() for p in batch]
+    missed = sum(1 for p in batch if p.reason is not None)
     log.warning(
         "%d slots of %d jobs were claimed %.1f-%.1f s after their time, past their grace: "
         "%d recorded MISSED, %d run as catch-ups (`slotcron history` lists each)",
