@@ -11,7 +11,9 @@ from itertools import pairwise
 from zoneinfo import ZoneInfo
 
 import pytest
-from slotcron.schedule.slots import CronSchedule, IntervalSchedule, slots_between
+import slotcron.schedule.slots
+from slotcron.jobs.registry import Registry, cron
+from slotcron.schedule.slots import CronSchedule, IntervalSchedule, normalise_cron, slots_between
 
 NEW_YORK = "America/New_York"
 BERLIN = "Europe/Berlin"
@@ -279,3 +281,31 @@ def test_two_hundred_consecutive_interval_slots_are_one_interval_apart(
 ) -> None:
     slots = following(IntervalSchedule(interval), utc("2026-11-01T04:00:03"), 200)
     assert all(later - earlier == interval for earlier, later in pairwise(slots))
+
+
+def test_an_expression_is_checked_by_croniter_once_however_many_jobs_share_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Checking an expression with croniter takes about 0.3 ms: 5,000 jobs sharing one spent
+    1.7 s of their start-up on it. Once per expression; a bad one is refused every time."""
+    normalise_cron.cache_clear()
+    checks: list[str] = []
+    real = slotcron.schedule.slots.croniter
+
+    def counted(text: str, *args: object, **kwargs: object) -> object:
+        checks.append(text)
+        return real(text, *args, **kwargs)
+
+    monkeypatch.setattr(slotcron.schedule.slots, "croniter", counted)
+    registry = Registry()
+    for i in range(50):
+        cron("*/5  * * * *", name=f"shared-{i}", registry=registry)(_noop)
+    assert checks == ["*/5 * * * *"] * 2  # parsed, then iterated once: for 50 jobs
+    for _ in range(2):
+        with pytest.raises(ValueError, match="invalid cron expression"):
+            normalise_cron("61 * * * *")
+    normalise_cron.cache_clear()
+
+
+async def _noop() -> None:
+    pass

@@ -4,7 +4,6 @@ within its limits (a number's digits, a text's length)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
@@ -61,7 +60,7 @@ def check_timing(who: str, cron: Any, every: Any) -> tuple[Literal["cron", "inte
         if len(cron) > MAX_CRON:
             raise refuse(who, "cron", f"has at most {MAX_CRON} characters, got {len(cron)}")
         try:
-            _known_cron(cron)
+            normalise_cron(cron)
         except ValueError as exc:
             raise refuse(who, "cron", str(exc)) from None
         return "cron", cron
@@ -76,12 +75,6 @@ def check_timing(who: str, cron: Any, every: Any) -> tuple[Literal["cron", "inte
             )
         return "interval", f"{float(every):g}"
     raise refuse(who, "cron", "give cron (an expression) or every (seconds)")
-
-
-@functools.lru_cache(maxsize=1024)
-def _known_cron(expression: str) -> tuple[str, bool]:
-    """:func:`normalise_cron`, remembered: a batch of 100,000 schedules has few expressions."""
-    return normalise_cron(expression)
 
 
 def check_zone(who: str, zone: Any) -> str:

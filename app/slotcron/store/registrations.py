@@ -86,7 +86,7 @@ async def register_jobs(
         ]
         if new:
             async with db.transaction() as conn:
-                await conn.execute(db.dialect.upsert(jobs, new, keys=["name"], update=["name"]))
+                await conn.execute(db.dialect.upsert(jobs, keys=["name"], update=["name"]), new)
         async with db.transaction() as conn:
             superseded = await _lock_stored(conn, chunk, registered, instance_id)
             values = [
@@ -95,7 +95,7 @@ async def register_jobs(
                 )
                 for row in chunk
             ]
-            await conn.execute(db.dialect.upsert(jobs, values, keys=["name"], update=_REFRESHED))
+            await conn.execute(db.dialect.upsert(jobs, keys=["name"], update=_REFRESHED), values)
     return registered
 
 
@@ -234,26 +234,24 @@ async def register_instance(
     now: datetime,
     jobs_digest: str | None = None,
 ) -> None:
+    row = {
+        "instance_id": instance_id,
+        "host": host,
+        "pid": pid,
+        "version": version,
+        "started_at": now,
+        "heartbeat_at": now,
+        "state": "running",
+        "is_leader": False,
+        "jobs_digest": jobs_digest,
+    }
     stmt = db.dialect.upsert(
         instances,
-        [
-            {
-                "instance_id": instance_id,
-                "host": host,
-                "pid": pid,
-                "version": version,
-                "started_at": now,
-                "heartbeat_at": now,
-                "state": "running",
-                "is_leader": False,
-                "jobs_digest": jobs_digest,
-            }
-        ],
         keys=["instance_id"],
         update=["host", "pid", "version", "started_at", "heartbeat_at", "state", "jobs_digest"],
     )
     async with db.transaction() as conn:
-        await conn.execute(stmt)
+        await conn.execute(stmt, row)
 
 
 async def set_instance_state(db: Database, *, instance_id: str, state: str, now: datetime) -> None:

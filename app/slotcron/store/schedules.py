@@ -102,10 +102,10 @@ async def register_tasks(
             await conn.execute(
                 db.dialect.upsert(
                     tasks,
-                    rows[start : start + CHUNK],
                     keys=["name"],
                     update=["options", "timezone", "updated_at", "updated_by", "version"],
-                )
+                ),
+                rows[start : start + CHUNK],
             )
 
 
@@ -290,7 +290,7 @@ async def _announce(db: Database, conn: Any, payload: str, now: datetime) -> Non
     await db.dialect.notify(conn, CHANNEL, payload)
     row = {"name": CHANGES_ROW, "token": uuid.uuid4().hex, "changed_at": now}
     await conn.execute(
-        db.dialect.upsert(changes, [row], keys=["name"], update=["token", "changed_at"])
+        db.dialect.upsert(changes, keys=["name"], update=["token", "changed_at"]), row
     )
 
 

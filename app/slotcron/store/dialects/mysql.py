@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -60,14 +60,8 @@ class MySQL(Dialect):
         args: tuple[object, ...] = tuple(getattr(exc, "args", ()))
         return len(args) > 0 and args[0] in (1290, 1792)
 
-    def upsert(
-        self,
-        table: Table,
-        rows: Sequence[Mapping[str, Any]],
-        keys: Sequence[str],
-        update: Sequence[str],
-    ) -> Insert:
-        stmt = mysql.insert(table).values(list(rows))
+    def upsert(self, table: Table, keys: Sequence[str], update: Sequence[str]) -> Insert:
+        stmt = mysql.insert(table)
         return stmt.on_duplicate_key_update({c: stmt.inserted[c] for c in update})
 
     def insert_new(self, table: Table) -> Insert:
