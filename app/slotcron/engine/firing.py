@@ -252,11 +252,21 @@ class Firing(LateSlots):
         """Phase 1 of shutdown: claim nothing more. Claims already under way finish (they are
         short), so a slot is never left half-decided; runs go on."""
         self.claimer.closing = True
-        if self._claiming:
-            _, pending = await asyncio.wait(set(self._claiming), timeout=timeout)
-            for task in pending:
-                if task in self._claiming:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        # A claim that ends may spawn more (slots its rows held, deferred, or gaps before it):
+        # they are waited for too, or they would claim, and start runs, once shutdown had
+        # counted the runs in flight (and closed the outcomes' writer they wait for).
+        while self._claiming:
+            left = deadline - loop.time()
+            if left <= 0:
+                for task in list(self._claiming):
                     task.cancel()
+                break
+            await asyncio.wait(set(self._claiming), timeout=left)
+        # The runs the last claims started enter the registry at their task's first step:
+        # one turn, and shutdown counts them (and hands back those not started).
+        await asyncio.sleep(0)
 
 
 class _Permit:
