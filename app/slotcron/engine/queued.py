@@ -105,16 +105,20 @@ class QueuedRuns(Role):
 
     def wake_at(self, when: datetime) -> None:
         """Poll at ``when`` (a retry this instance queued becomes due then)."""
-        self._wake_after(self.clock.sleep_until(when))
+        self._wake_after(lambda: self.clock.sleep_until(when))
 
     def _look_again_soon(self) -> None:
         """Poll again shortly: rows another transaction holds are free again within moments
         of real time, whatever the scheduler's clock says (a test's manual clock stands still)."""
-        self._wake_after(asyncio.sleep(BUSY_RECHECK))
+        self._wake_after(lambda: asyncio.sleep(BUSY_RECHECK))
 
-    def _wake_after(self, wait: Awaitable[None]) -> None:
+    def _wake_after(self, wait: Callable[[], Awaitable[None]]) -> None:
+        """Wake the poller once ``wait()`` is over. The wait is made in the timer's task: one
+        made before it, by a timer cancelled before its first step (at shutdown), was a
+        coroutine never awaited (Python warns of each)."""
+
         async def timer() -> None:
-            await wait
+            await wait()
             self._wake.set()
 
         task = asyncio.create_task(timer())
