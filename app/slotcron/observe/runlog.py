@@ -7,9 +7,10 @@ themselves, in one place. Each carries :func:`slotcron.observe.logs.run_fields` 
 ``slot``, ``execution_id``, ``instance``, ``outcome``) for a JSON log pipeline.
 
 Levels say what needs a look: a FAILED run, a fenced one, an ABANDONED one and a passed-over
-range are WARNINGs; a SKIPPED slot, a STOPPED run and the COMPLETED ones (at most
-:data:`COMPLETED_LINES_PER_SECOND`) are INFO; single MISSED slots are DEBUG (they come in bulk
-after an outage, and the firing path sums them up in one warning).
+range are WARNINGs; a STOPPED run, the COMPLETED ones (at most
+:data:`COMPLETED_LINES_PER_SECOND`) and the SKIPPED slots (at most :data:`SKIPPED_LINES_PER_SECOND`)
+are INFO; single MISSED slots are DEBUG (they come in bulk after an outage, and the firing path
+sums them up in one warning).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ leader_log = logging.getLogger("slotcron.leader")
 start_log = logging.getLogger("slotcron.service")
 
 COMPLETED_LINES_PER_SECOND = 20
+SKIPPED_LINES_PER_SECOND = 20
+"""Past these, one line a second says how many more there were (``slotcron history`` lists
+each): under overload an instance recorded thousands of slots SKIPPED (overlap) a second, and a
+line each was work on the loop that was already late."""
 SUMMED_UP = 5
 """Passed-over ranges recorded together past which each one's line is DEBUG (the firing path
 sums them up in one WARNING)."""
@@ -41,7 +46,12 @@ sums them up in one WARNING)."""
 class RunLog(Observer):
     def __init__(self, instance_id: str) -> None:
         self.instance_id = instance_id
-        self._completed_lines = LineQuota(COMPLETED_LINES_PER_SECOND)
+        self._completed_lines = LineQuota(
+            COMPLETED_LINES_PER_SECOND, runs_log, "%d more runs COMPLETED"
+        )
+        self._skipped_lines = LineQuota(
+            SKIPPED_LINES_PER_SECOND, claims_log, "%d more slots SKIPPED"
+        )
 
     def slots_passed(self, event: SlotsEvent, record: Claim, together: int | None) -> None:
         fields = run_fields(
@@ -57,8 +67,11 @@ class RunLog(Observer):
                 extra=fields,
             )
             return
+        skipped = event.status == "SKIPPED"
+        if skipped and not self._skipped_lines.take():
+            return
         claims_log.log(
-            logging.INFO if event.status == "SKIPPED" else logging.DEBUG,
+            logging.INFO if skipped else logging.DEBUG,
             "%s slot %s %s: %s",
             event.job,
             event.first.isoformat(),
@@ -142,14 +155,23 @@ class RunLog(Observer):
 
 
 class LineQuota:
-    """At most ``per_second`` lines a second; past it, one line says how many were left out.
+    """At most ``per_second`` lines a second; past it, one line (``said``, with the count) says
+    how many were left out, once the next one is asked for in a later second.
 
     A COMPLETED line per run is what a human reading the log wants at a few runs a second; at
     thousands a second, writing them would be most of the instance's work (and nobody reads
     them: the executions table holds every run)."""
 
-    def __init__(self, per_second: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        per_second: int,
+        log: logging.Logger,
+        said: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.per_second = per_second
+        self.log = log
+        self.said = said + " in that second without a line each (`slotcron history` lists them)"
         self.clock = clock
         self._second = 0
         self._used = 0
@@ -159,11 +181,7 @@ class LineQuota:
         second = int(self.clock())
         if second != self._second:
             if self._dropped:
-                runs_log.info(
-                    "%d more runs COMPLETED in that second without a line each "
-                    "(`slotcron history` lists them)",
-                    self._dropped,
-                )
+                self.log.info(self.said, self._dropped)
             self._second, self._used, self._dropped = second, 0, 0
         if self._used < self.per_second:
             self._used += 1
