@@ -193,8 +193,10 @@ async def test_jobs_due_together_are_claimed_ahead_and_started_at_their_slot(
             return claimed == 40
 
     await wait_for(all_claimed, what="the burst claimed ahead of its slot")
+    # In flight (leases renewed, shutdown waits for them) once the claim's answer is read: its
+    # commit can be seen from here a moment before.
+    await wait_for(lambda: len(service.runs) == 40, what="the claimed runs in flight")
     assert ran == {}, "a run started before its slot"
-    assert len(service.runs) == 40  # in flight: leases renewed, shutdown waits for them
 
     await clock.set(slot)
     await wait_for(lambda: len(ran) == 40, what="every run at its slot")
