@@ -5,10 +5,11 @@ taken over at once, judged by what the jobs recorded themselves."""
 from __future__ import annotations
 
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from slotcron import JobContext, cron
+from slotcron.clock import ManualClock
 from slotcron.engine import takeover
 from slotcron.engine.shares import owner
 from slotcron.jobs.registry import Registry, task
@@ -225,3 +226,32 @@ async def test_a_runtime_schedules_owner_that_stops_has_its_slots_taken_over(
             assert (name, slot) in counts, f"{name} at {slot} was not taken over"
     assert {who for _, slot, who in ran if slot in after} == {"share-b"}
     assert b.takeover.taken > 0
+
+
+async def test_slots_that_passed_before_an_instance_planned_them_do_not_make_it_behind(
+    db: Database, start_service: ServiceFactory
+) -> None:
+    """An instance starting after some of its jobs' slots passed records them MISSED at its
+    first plan: they were nobody's to decide while no instance ran, so it is not behind, and
+    takes over what a member leaves at once (noting them made every instance that had just
+    started take nothing over for 2 s: a slot its view gave to another member was then nobody's,
+    and MISSED). A slot of its own decided late makes it behind."""
+    t0 = datetime(2026, 11, 22, 0, 0, 0, 500_000, tzinfo=UTC)
+    clock = ManualClock(t0)
+    registry = every_second([])
+    first = await start_service(list(registry), clock=clock, instance_id="first")
+    await first.stop()
+    await clock.set(t0 + timedelta(seconds=5))  # five slots pass while no instance runs
+    later = await start_service(list(registry), clock=clock, instance_id="later")
+
+    async def passed_recorded() -> bool:
+        async with db.read() as conn:
+            query = select(func.count()).where(executions.c.status == "MISSED")
+            return int((await conn.execute(query)).scalar_one()) >= JOBS * 4
+
+    await wait_for(passed_recorded, what="the passed slots MISSED")
+    assert not later.planner.firing.late.behind(takeover.BEHIND)
+
+    # Its own slot found past its grace (a loop stalled for 3 s, say): behind.
+    await clock.set(clock.now() + timedelta(seconds=3))
+    await wait_for(lambda: later.planner.firing.late.behind(takeover.BEHIND), what="behind")

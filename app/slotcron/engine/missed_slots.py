@@ -22,14 +22,19 @@ async def miss_together(
     now: datetime,
     resume: Callable[[Job, datetime], None],
     batch_size: int,
+    *,
+    own: bool,
 ) -> None:
     """Record each job's late slots MISSED (``missed``: the job, its late slots, its first slot
-    that is not late); each job then ``resume``s firing at its first slot that is not late."""
+    that is not late); each job then ``resume``s firing at its first slot that is not late.
+    ``own``: some of them were this instance's to decide in time (it is behind), not only slots
+    that passed before it planned their jobs."""
     try:
         await record(firing, [(job, late) for job, late, _ in missed], now, batch_size)
         count = sum(len(late) for _, late, _ in missed)
-        if count:
+        if count and own:
             firing.late.note()
+        if count:
             log.warning(
                 "%d slots of %d jobs reached past their grace: recorded MISSED (misfire='skip')",
                 count,

@@ -58,11 +58,14 @@ class Planner:
         self._seq = itertools.count()
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._since = clock.now()
+        """When this planner last began planning jobs new to it (its start, a reshare): their
+        slots before it were not its to decide, and deciding them late is not its lateness."""
 
     def start(self, expected: Mapping[str, datetime | None] | None = None) -> None:
         """Start planning. ``expected`` is each job's next undecided slot as the cluster stored
         it: one in the past means slots were missed while no instance ran them."""
-        now = self.clock.now()
+        now = self._since = self.clock.now()
         for job in self._jobs:
             if job.name in self._held or not self.shares.owns(job.name):
                 continue  # planned already; or another member plans it (and its misses)
@@ -94,6 +97,7 @@ class Planner:
             return
         now = self.clock.now()
         for name in self.newly_owned():
+            self._since = now
             job = self.by_name[name]
             self._push(job, self._first(job, now, expected.get(name)))
         self._wake.set()
@@ -273,6 +277,12 @@ class Planner:
             def resume(job: Job, slot: datetime) -> None:
                 self._resume(job, slot, next(flags, False))
 
-            together = missed_slots.miss_together(firing, missed, now, resume, BATCH_SIZE)
+            # Late slots of its own, not slots that passed before it planned their jobs (its
+            # start-up, a reshare) nor ones taken over: a member behind takes nothing over.
+            own = any(
+                late and late[-1] >= self._since and not adopted
+                for (_, late, _), adopted in zip(missed, taken_over, strict=True)
+            )
+            together = missed_slots.miss_together(firing, missed, now, resume, BATCH_SIZE, own=own)
             # Passed-over ranges first: their jobs' late slots would close them unrecorded.
             firing.spawn(firing.pass_over_then(passed_over, now, together), None)
