@@ -32,9 +32,9 @@ async def miss_together(
     try:
         await record(firing, [(job, late) for job, late, _ in missed], now, batch_size)
         count = sum(len(late) for _, late, _ in missed)
-        if count and own:
-            firing.late.note()
         if count:
+            if own:
+                firing.late.note()
             log.warning(
                 "%d slots of %d jobs reached past their grace: recorded MISSED (misfire='skip')",
                 count,

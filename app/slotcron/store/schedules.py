@@ -58,8 +58,8 @@ ANNOUNCE_WITHIN = timedelta(minutes=10)
 instance loads due slots) must stay below it; one round trip less for the rest (an add of a
 tenant's 09:00 report, hours away)."""
 CHUNK = 1000
-"""Names per ``IN (...)`` list and rows per upsert of tasks: under every driver's limit of bound
-parameters (asyncpg's 32,767; SQLite's 32,766)."""
+"""Names per ``IN (...)`` list: under every driver's limit of bound parameters (asyncpg's
+32,767; SQLite's 32,766)."""
 
 
 _COLUMNS = (*SCHEDULE_COLUMNS, jobs.c.registered_at)
@@ -97,16 +97,11 @@ async def register_tasks(
         }
         for t in registered
     ]
+    statement = db.dialect.upsert(
+        tasks, keys=["name"], update=["options", "timezone", "updated_at", "updated_by", "version"]
+    )
     async with db.transaction() as conn:
-        for start in range(0, len(rows), CHUNK):
-            await conn.execute(
-                db.dialect.upsert(
-                    tasks,
-                    keys=["name"],
-                    update=["options", "timezone", "updated_at", "updated_by", "version"],
-                ),
-                rows[start : start + CHUNK],
-            )
+        await conn.execute(statement, rows)  # one row's parameters at a time: no limit to chunk
 
 
 async def known_tasks(
