@@ -11,7 +11,7 @@ from slotcron.store.claims import RunKey
 from slotcron.store.database import Database
 from slotcron.store.runs import IncarnationLost
 from slotcron.store.tables import executions, instances
-from sqlalchemy import select, update
+from sqlalchemy import event, select, update
 
 from tests.store.common import (
     LEASE,
@@ -127,6 +127,47 @@ async def test_finish_many_records_each_outcome_still_ours_in_one_transaction(
     }
     assert rows["ok"]["finished_at"] == LATER and rows["ok"]["lease_until"] == LATER
     assert await runs.finish_many(db, [], instance_id="a", now=LATER) == set()
+
+
+async def test_finish_many_sends_one_update_alone_where_that_spares_begin_and_commit(
+    db: Database,
+) -> None:
+    """The writer's usual batch (every run COMPLETED, nothing counted) is one UPDATE; on
+    PostgreSQL it goes without BEGIN and COMMIT. Mixed outcomes stay one transaction."""
+    one, two = await add_run(db, "one"), await add_run(db, "two")
+    ok, failed = await add_run(db, "ok"), await add_run(db, "failed")
+    commits: list[object] = []
+
+    def committed(conn: object) -> None:
+        commits.append(conn)
+
+    event.listen(db.engine.sync_engine, "commit", committed)
+    try:
+        recorded = await runs.finish_many(
+            db,
+            [(key(one, "one"), "COMPLETED", None), (key(two, "two"), "COMPLETED", None)],
+            instance_id="a",
+            now=LATER,
+        )
+        assert recorded == {one, two}
+        assert len(commits) == (0 if db.dialect.free_autocommit else 1)
+        commits.clear()
+        recorded = await runs.finish_many(
+            db,
+            [(key(ok, "ok"), "COMPLETED", None), (key(failed, "failed"), "FAILED", "boom")],
+            instance_id="a",
+            now=LATER,
+        )
+        assert recorded == {ok, failed}
+        assert len(commits) == 1
+    finally:
+        event.remove(db.engine.sync_engine, "commit", committed)
+    assert {r["job_name"]: r["status"] for r in await table_rows(db, executions)} == {
+        "one": "COMPLETED",
+        "two": "COMPLETED",
+        "ok": "COMPLETED",
+        "failed": "FAILED",
+    }
 
 
 async def test_stop_all_records_this_instances_listed_runs_stopped(db: Database) -> None:

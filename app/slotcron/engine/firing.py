@@ -250,7 +250,8 @@ class Firing(LateSlots):
 
     async def stop_claiming(self, timeout: float = 5.0) -> None:
         """Phase 1 of shutdown: claim nothing more. Claims already under way finish (they are
-        short), so a slot is never left half-decided; runs go on."""
+        short), and so do the claims they spawn as they end, within ``timeout`` seconds, so a
+        slot is never left half-decided; runs go on."""
         self.claimer.closing = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout

@@ -16,17 +16,16 @@ import types
 from collections.abc import Awaitable, Callable, Generator
 from datetime import datetime, timedelta
 
+from slotcron.engine.handbacks import HandBacks
 from slotcron.engine.kickoff import Kickoff
 from slotcron.engine.outcomes import Outcomes
 from slotcron.jobs.context import JobContext
 from slotcron.jobs.registry import Job
 from slotcron.lifeline.inflight import CancelReason, RunHandle, Runs, trusted_until
-from slotcron.lifeline.outage import DB_ERRORS
 from slotcron.lifeline.roles import Collaborators
 from slotcron.observe.events import Ending
 from slotcron.observe.logs import run_fields
 from slotcron.status import Status
-from slotcron.store import lifeline
 from slotcron.store import runs as run_store
 from slotcron.store.claims import Claim
 
@@ -36,9 +35,6 @@ Admit = Callable[[], bool | Awaitable[bool]]
 """What a run claimed ahead still needs once its kick-off said yes (a run permit): whether it
 may start, said at once when a permit is free (no coroutine per run at a burst's slot), else
 awaited."""
-
-HAND_BACK_TIMEOUT = 2.0
-"""Seconds a run stopped before its start tries to hand itself back; past it, the leader does."""
 
 
 class Runner:
@@ -61,6 +57,7 @@ class Runner:
         self.on_run_ended = on_run_ended
         """Told the job's name once a run's outcome is written (its lease released)."""
         self.kickoff = Kickoff(shared)
+        self.handbacks = HandBacks(shared.db, shared.clock, shared.instance_id)
         self._loggers: dict[str, logging.Logger] = {}
 
     async def run(
@@ -289,20 +286,7 @@ class Runner:
         stopped = handle.cancel_reason in (CancelReason.SHUTDOWN, CancelReason.FENCED)
         if not (stopped or (self.kickoff.closing and handle.cancel_reason is None)):
             return  # SKIPPED, handed back already, or no longer ours
-        try:
-            async with asyncio.timeout(HAND_BACK_TIMEOUT):
-                back = await lifeline.hand_back_mine(
-                    self.db,
-                    [handle.id],
-                    instance_id=self.instance_id,
-                    now=self.clock.now(),
-                    marked_too=True,  # its chunk's marker may say started: this body did not
-                )
-        except TimeoutError:
-            return
-        except DB_ERRORS:
-            return
-        if back:
+        if await self.handbacks.hand_back(handle.id):
             log.info(
                 "%s slot %s handed back before its start (%s)",
                 handle.job.name,

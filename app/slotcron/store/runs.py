@@ -193,13 +193,19 @@ async def finish_many(
 ) -> set[int]:
     """Record many runs' outcomes ``(run, status, error)`` in one transaction; return the ids
     of the runs recorded (the others were no longer ours). One UPDATE per distinct outcome. The
-    ``COMPLETED`` runs of jobs among ``counted`` are counted in the same transaction."""
+    ``COMPLETED`` runs of jobs among ``counted`` are counted in the same transaction. One
+    UPDATE with nothing to count is sent alone where that spares BEGIN and COMMIT (PostgreSQL:
+    one round trip instead of three, the writer's cost at every second's end)."""
     groups: dict[tuple[str, str | None], list[RunKey]] = {}
     for run, status, error in outcomes:
         groups.setdefault((status, storable_error(error)), []).append(run)
     recorded: set[int] = set()
     sql = _finish(db.dialect)
-    async with db.transaction() as conn:
+    counts = bool(counted) and any(
+        status == Status.COMPLETED and run[1] in counted for run, status, _ in outcomes
+    )
+    one_statement = len(groups) == 1 and sql.returning and not counts
+    async with db.alone(write=True) if one_statement else db.transaction() as conn:
         for (status, error), runs in groups.items():
             params = {
                 **run_keys(db.dialect, "p_runs", runs),
@@ -209,7 +215,7 @@ async def finish_many(
                 "p_now": now,
             }
             recorded.update(await sql.apply(conn, params))
-        if counted:
+        if counts:
             done = [
                 run[1]
                 for run, status, _ in outcomes
